@@ -1,0 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Root pytest configuration: point ttnn at a mock cluster before any test imports it."""
+
+from models.common.device_env import ensure_host_cluster
+
+ensure_host_cluster()

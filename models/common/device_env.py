@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Point ttnn at a mock cluster when this machine has no Tenstorrent card.
+
+ttnn's host-side conversions (TILE layout with a dtype change, bfloat8_b/bfloat4_b packing) ask
+the cluster for the chip architecture and die with ``No chips detected`` when there is none.
+With ``TT_METAL_MOCK_CLUSTER_DESC_PATH`` naming a UMD cluster descriptor, ttnn mocks the driver
+and all of that host work runs. The variable must be set before ttnn first touches the cluster,
+so every entry point (``import models``, ``conftest.py``, the scripts, ``tt-cache``) goes
+through :func:`ensure_host_cluster` here. On a machine with a card, or when the user has set the
+variable, nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MOCK_CLUSTER_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+MOCK_BOARD_ENV = "TT_MOCK_BOARD"
+MOCK_CLUSTER_DIR = Path(__file__).resolve().parent / "mock_clusters"
+MOCK_CLUSTERS = {
+    "n150": MOCK_CLUSTER_DIR / "wormhole_N150.yaml",
+    "p150": MOCK_CLUSTER_DIR / "blackhole_P150.yaml",
+}
+DEFAULT_MOCK_BOARD = "n150"
+TT_DEVICE_NODES = Path("/dev/tenstorrent")
+
+
+def tenstorrent_card_present() -> bool:
+    """True when the kernel driver exposes at least one Tenstorrent device."""
+    return TT_DEVICE_NODES.is_dir() and any(TT_DEVICE_NODES.iterdir())
+
+
+def ensure_host_cluster() -> str | None:
+    """Set the mock cluster descriptor when needed; return the descriptor path in force (None on a card).
+
+    ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole)."""
+    if os.environ.get(MOCK_CLUSTER_ENV):
+        return os.environ[MOCK_CLUSTER_ENV]
+    if tenstorrent_card_present():
+        return None
+    board = os.environ.get(MOCK_BOARD_ENV, DEFAULT_MOCK_BOARD).lower()
+    if board not in MOCK_CLUSTERS:
+        raise ValueError(f"{MOCK_BOARD_ENV}={board!r}: expected one of {sorted(MOCK_CLUSTERS)}")
+    os.environ[MOCK_CLUSTER_ENV] = str(MOCK_CLUSTERS[board])
+    return os.environ[MOCK_CLUSTER_ENV]

@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one home of durable file writes, file locks and content hashing.
+
+Every cache in this package (the ttnn weight cache, the prefill-feature cache) publishes files
+the same way, so the rules live here once:
+
+* **Atomic publish.** A file is written to a temp name unique to the writer (pid, thread and a
+  random token, in the destination's directory so the rename never crosses a file system), its
+  data is fsynced, then ``os.replace`` moves it into place and the directory entry is fsynced.
+  A reader sees either the old file or the complete new one, never a torn one, and a SIGKILL
+  leaves at most a stray ``*.tmp.*`` file that no reader ever opens.
+* **Locks** are ``flock`` on a dedicated lock file: released by the kernel when the holder dies,
+  so a killed writer never wedges the next one.
+* **Hashing** streams files in 1 MiB blocks: SHA-256 where a format promises SHA-256, and the much
+  faster BLAKE3 for bulk content digests of large weight files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+
+HASH_BLOCK_BYTES = 1 << 20
+TEMP_MARK = ".tmp."
+
+
+def unique_temp_path(path: Path) -> Path:
+    """A sibling of ``path`` that no other writer (process or thread) will ever pick."""
+    path = Path(path)
+    token = f"{os.getpid()}.{threading.get_ident() & 0xFFFFFF:x}.{secrets.token_hex(4)}"
+    return path.with_name(f".{path.name}{TEMP_MARK}{token}")
+
+
+def is_temp_path(path: Path) -> bool:
+    """True for names made by :func:`unique_temp_path` (debris of a killed writer)."""
+    name = Path(path).name
+    return name.startswith(".") and TEMP_MARK in name
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """``os.write`` until every byte is written (a single write may be short)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def publish(temp: Path, dest: Path, *, durable: bool = True) -> None:
+    """Atomically move a fully written ``temp`` onto ``dest``."""
+    os.replace(temp, dest)
+    if durable:
+        fsync_dir(Path(dest).parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or none of it."""
+    path = Path(path)
+    temp = unique_temp_path(path)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        publish(temp, path, durable=durable)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temp path for a writer that needs a file name (``ttnn.dump_tensor``,
+    ``safetensors.save_file``); publish it atomically when the block succeeds."""
+    path = Path(path)
+    temp = unique_temp_path(path)
+    try:
+        yield temp
+        if durable:
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        publish(temp, path, durable=durable)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(lock_path: Path, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``lock_path`` for the block.
+
+    Yields True when the lock is held; with ``blocking=False`` yields False instead of waiting
+    when another holder has it."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            held = True
+        except OSError as error:
+            if blocking or error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+def _hash_file(path: Path, hasher) -> str:
+    with open(path, "rb", buffering=0) as stream:
+        buffer = bytearray(HASH_BLOCK_BYTES)
+        view = memoryview(buffer)
+        while count := stream.readinto(buffer):
+            hasher.update(view[:count])
+    return hasher.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    return _hash_file(path, hashlib.sha256())
+
+
+def sha256_bytes(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+CONTENT_DIGEST_ALGORITHM = "blake3"
+
+
+def content_digest_file(path: Path) -> str:
+    """Fast content digest (BLAKE3, several GB/s) of a large file."""
+    return _hash_file(path, blake3.blake3())

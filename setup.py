@@ -1,0 +1,13 @@
+# SPDX-License-Identifier: Apache-2.0
+from setuptools import find_packages, setup
+
+setup(
+    name="tt-warm-loaders",
+    version="0.1.0",
+    description="Warm-start model loading for Tenstorrent hardware: a verified ttnn weight cache and a durable prefill cache",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["models", "models.*"]),
+    package_data={"models.common": ["mock_clusters/*.yaml"]},
+    install_requires=["ttnn", "torch", "safetensors", "loguru", "blake3", "numpy"],
+    entry_points={"console_scripts": ["tt-cache=models.common.cli:main"]},
+)
