@@ -33,11 +33,13 @@ HASH_BLOCK_BYTES = 1 << 20
 TEMP_MARK = ".tmp."
 
 
-def unique_temp_path(path: Path) -> Path:
-    """A sibling of ``path`` that no other writer (process or thread) will ever pick."""
+def unique_temp_path(path: Path, suffix: str = "") -> Path:
+    """A sibling of ``path`` that no other writer (process or thread) will ever pick.
+
+    ``suffix`` is appended for writers that insist on a file extension (``ttnn.dump_tensor``)."""
     path = Path(path)
     token = f"{os.getpid()}.{threading.get_ident() & 0xFFFFFF:x}.{secrets.token_hex(4)}"
-    return path.with_name(f".{path.name}{TEMP_MARK}{token}")
+    return path.with_name(f".{path.name}{TEMP_MARK}{token}{suffix}")
 
 
 def is_temp_path(path: Path) -> bool:
@@ -49,6 +51,15 @@ def is_temp_path(path: Path) -> bool:
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a closed file's data to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -90,19 +101,15 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = 
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
+def atomic_output(path: Path, *, durable: bool = True, suffix: str = "") -> Iterator[Path]:
     """Yield a temp path for a writer that needs a file name (``ttnn.dump_tensor``,
     ``safetensors.save_file``); publish it atomically when the block succeeds."""
     path = Path(path)
-    temp = unique_temp_path(path)
+    temp = unique_temp_path(path, suffix)
     try:
         yield temp
         if durable:
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(temp)
         publish(temp, path, durable=durable)
     except BaseException:
         with contextlib.suppress(OSError):
