@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Weight layouts of a Llama-style decoder as its device code consumes them, shared by families.
+
+Per layer (names are the loader's, after renaming checkpoint keys):
+
+============================  =====================================  ==================
+weight                        host transform                         format
+============================  =====================================  ==================
+``attention.wqkv``            q/k/v ``[out,in]`` -> ``[in, out]``,     precision, TILE,
+                              fused column-blocked per mesh column   column-parallel
+``attention.wo``              ``[in, out]``                          precision, TILE,
+                                                                     row-parallel
+``attention.{q,k}_norm``      ``[1, 1, head_dim/32, 32]``            bf16, ROW_MAJOR
+``attention_norm`` etc.       ``[1, 1, dim/32, 32]``                 bf16, ROW_MAJOR
+``feed_forward.w1/w3``        gate/up ``[in, out]``                  column-parallel
+``feed_forward.w2``           down ``[in, out]``                     row-parallel
+``feed_forward.gate``         MoE router ``[dim, experts]``          bf16, TILE
+``feed_forward.experts.w*``   stacked ``[experts, in, out]``         expert-parallel
+============================  =====================================  ==================
+
+plus ``tok_embeddings`` (bf16 ROW_MAJOR, replicated), ``norm`` and ``output`` (the LM head,
+``[dim, vocab]`` column-parallel; the embedding when tied). Every transform is a plain torch op,
+so the same code runs on real weights (cold) and on storage-free placeholders (warm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import ttnn
+
+from models.common.checkpoint import KeyRule
+from models.common.loader import WeightLoader, WeightSink
+from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
+from models.common.model_args import ModelArgs
+from models.common.tensor_cache import TensorFormat
+
+HF_DECODER_RULES: tuple[KeyRule, ...] = (
+    KeyRule(r"^model\.embed_tokens\.weight$", "tok_embeddings.weight"),
+    KeyRule(r"^model\.norm\.weight$", "norm.weight"),
+    KeyRule(r"^lm_head\.weight$", "output.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.(weight|bias)$", r"layers.\1.attention.w\2.\3"),
+    KeyRule(r"^model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"layers.\1.attention.\2_norm.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.input_layernorm\.weight$", r"layers.\1.attention_norm.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"layers.\1.ffn_norm.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.gate\.weight$", r"layers.\1.feed_forward.gate.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.gate_proj\.weight$", r"layers.\1.feed_forward.experts.\2.w1.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.down_proj\.weight$", r"layers.\1.feed_forward.experts.\2.w2.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.up_proj\.weight$", r"layers.\1.feed_forward.experts.\2.w3.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$", r"layers.\1.feed_forward.w1.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.down_proj\.weight$", r"layers.\1.feed_forward.w2.weight"),
+    KeyRule(r"^model\.layers\.(\d+)\.mlp\.up_proj\.weight$", r"layers.\1.feed_forward.w3.weight"),
+)
+
+NORM_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
+EMBEDDING_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
+ROUTER_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, REPLICATED)
+
+
+def norm_for_device(weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm weights as tt-metal's ``RMSNorm`` reads them: ``[1, 1, dim/32, 32]``."""
+    return weight.reshape(1, 1, -1, 32)
+
+
+def kv_heads_per_column(n_kv_heads: int, cols: int) -> list[list[int]]:
+    """Which KV heads each mesh column holds: a block when they divide evenly, else one head
+    replicated over ``cols / n_kv_heads`` columns (fewer KV heads than devices)."""
+    if n_kv_heads % cols == 0:
+        per = n_kv_heads // cols
+        return [list(range(c * per, (c + 1) * per)) for c in range(cols)]
+    if cols % n_kv_heads == 0:
+        return [[c * n_kv_heads // cols] for c in range(cols)]
+    raise ValueError(f"{n_kv_heads} KV heads cannot be spread over {cols} mesh columns")
+
+
+def _heads(weight: torch.Tensor, indices: Sequence[int], head_dim: int) -> list[torch.Tensor]:
+    return [weight.narrow(0, h * head_dim, head_dim) for h in indices]
+
+
+def fuse_qkv(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, args: ModelArgs, cols: int) -> torch.Tensor:
+    """``[dim, cols * (q + k + v heads of a column) * head_dim]``, column ``c``'s block holding its
+    query heads, then its key heads, then its value heads."""
+    if args.n_heads % cols:
+        raise ValueError(f"{args.n_heads} attention heads cannot be split over {cols} mesh columns")
+    per_q = args.n_heads // cols
+    kv = kv_heads_per_column(args.n_kv_heads, cols)
+    blocks = []
+    for c in range(cols):
+        q = _heads(wq, range(c * per_q, (c + 1) * per_q), args.head_dim)
+        blocks += q + _heads(wk, kv[c], args.head_dim) + _heads(wv, kv[c], args.head_dim)
+    return torch.cat(blocks, dim=0).transpose(0, 1)
+
+
+def stack_experts(state: Mapping[str, torch.Tensor], prefix: str, name: str, count: int) -> torch.Tensor:
+    """``[experts, in, out]`` of one projection of every expert of a layer."""
+    return torch.stack([state[f"{prefix}experts.{e}.{name}.weight"].transpose(0, 1) for e in range(count)])
+
+
+class DecoderLoader(WeightLoader):
+    """Llama-style decoder conversion; families override the hooks where their models differ."""
+
+    key_rules = HF_DECODER_RULES
+
+    def make_args(self, config: dict, num_layers: int | None) -> ModelArgs:
+        return ModelArgs.from_hf_config(config, num_layers)
+
+    # formats ---------------------------------------------------------------------------------
+
+    def linear_format(self, placement) -> TensorFormat:
+        return TensorFormat(self.precision_dtype(), ttnn.TILE_LAYOUT, placement)
+
+    def expert_format(self, args: ModelArgs) -> TensorFormat:
+        devices = self.mesh_shape[0] * self.mesh_shape[1]
+        return self.linear_format(EXPERT_PARALLEL if args.num_experts % devices == 0 else REPLICATED)
+
+    def norm(self, weight: torch.Tensor) -> torch.Tensor:
+        """Hook: a family whose norm scales by ``1 + w`` (gemma) folds the one in here."""
+        return norm_for_device(weight)
+
+    # conversion ------------------------------------------------------------------------------
+
+    def convert(self, sink: WeightSink, args: ModelArgs) -> None:
+        state = sink.state
+        embedding = state["tok_embeddings.weight"]
+        sink.put("tok_embeddings", embedding, EMBEDDING_FORMAT)
+        for layer in range(args.n_layers):
+            self.convert_layer(sink, args, layer)
+        sink.put("norm", self.norm(state["norm.weight"]), NORM_FORMAT)
+        head = state["output.weight"] if "output.weight" in state else embedding
+        sink.put("output", head.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+
+    def convert_layer(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
+        self.convert_attention(sink, args, layer)
+        self.convert_norms(sink, args, layer)
+        if layer in args.moe_layers:
+            self.convert_moe(sink, args, layer)
+        else:
+            self.convert_mlp(sink, args, layer)
+
+    def convert_attention(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
+        state, p = sink.state, f"layers.{layer}.attention."
+        cols = self.mesh_shape[1]
+        wqkv = fuse_qkv(state[p + "wq.weight"], state[p + "wk.weight"], state[p + "wv.weight"], args, cols)
+        sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        if args.qk_norm:
+            sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), NORM_FORMAT)
+            sink.put(p + "k_norm", self.norm(state[p + "k_norm.weight"]), NORM_FORMAT)
+
+    def convert_norms(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
+        p = f"layers.{layer}."
+        for name in ("attention_norm", "ffn_norm"):
+            sink.put(p + name, self.norm(sink.state[f"{p}{name}.weight"]), NORM_FORMAT)
+
+    def convert_mlp(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
+        state, p = sink.state, f"layers.{layer}.feed_forward."
+        sink.put(p + "w1", state[p + "w1.weight"].transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + "w3", state[p + "w3.weight"].transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + "w2", state[p + "w2.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+
+    def convert_moe(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
+        state, p = sink.state, f"layers.{layer}.feed_forward."
+        sink.put(p + "gate", state[p + "gate.weight"].transpose(0, 1), ROUTER_FORMAT)
+        fmt = self.expert_format(args)
+        for name in ("w1", "w3", "w2"):
+            sink.put(f"{p}experts.{name}", stack_experts(state, p, name, args.num_experts), fmt)

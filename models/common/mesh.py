@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How a weight is laid over a mesh of devices: the one home of sharding on host.
+
+A mesh is ``rows x cols`` devices, numbered row-major (device ``r * cols + c``). Tensor
+parallelism runs over the mesh *columns*: attention heads and MLP hidden units are split across
+them. On a 2D mesh (Galaxy ``(8, 4)``) the model dimension is split across the *rows* as well.
+
+* ``COLUMN_PARALLEL`` (QKV, gate/up, LM head; stored ``[in, out]``): out-features split over
+  columns, in-features over rows.
+* ``ROW_PARALLEL`` (attention output, down projection): in-features split over columns,
+  out-features over rows; the partial results are summed across columns.
+* ``EXPERT_PARALLEL`` (stacked MoE experts): the expert dimension split over every device.
+* ``REPLICATED`` (norms, router, embeddings): one copy, stored once, replicated on upload.
+
+Fused weights (QKV, gate/up) are built *column-blocked* by the loader: column ``c``'s block is
+contiguous, so sharding stays a plain chunk and both directions live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+MeshShape = tuple[int, int]
+KNOWN_MESHES: dict[str, MeshShape] = {"N150": (1, 1), "N300": (1, 2), "T3K": (1, 8), "TG": (8, 4)}
+
+
+@dataclass(frozen=True)
+class Placement:
+    col_dim: int | None = None
+    row_dim: int | None = None
+    flat_dim: int | None = None
+
+    @property
+    def replicated(self) -> bool:
+        return self.col_dim is None and self.row_dim is None and self.flat_dim is None
+
+
+REPLICATED = Placement()
+COLUMN_PARALLEL = Placement(col_dim=-1, row_dim=-2)
+ROW_PARALLEL = Placement(col_dim=-2, row_dim=-1)
+EXPERT_PARALLEL = Placement(flat_dim=0)
+
+
+def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
+    """``"T3K"``, ``"1x8"``, ``"1,8"`` or ``(1, 8)`` as a ``(rows, cols)`` tuple."""
+    if isinstance(value, str):
+        if value.upper() in KNOWN_MESHES:
+            return KNOWN_MESHES[value.upper()]
+        value = value.lower().replace("x", ",").strip("()[] ").split(",")
+    dims = tuple(int(d) for d in value)
+    if len(dims) != 2 or min(dims) < 1:
+        raise ValueError(f"mesh shape {value!r} is not (rows, cols) of positive ints")
+    return dims  # type: ignore[return-value]
+
+
+def _chunk(tensor: torch.Tensor, dim: int, parts: int, what: str) -> list[torch.Tensor]:
+    size = tensor.shape[dim]
+    if size % parts:
+        raise ValueError(f"cannot split {what} dim {dim} of size {size} over {parts} devices")
+    return list(torch.chunk(tensor, parts, dim=dim))
+
+
+def shard(tensor: torch.Tensor, placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:
+    """One tensor per device, row-major; a single tensor when replicated."""
+    rows, cols = mesh
+    if placement.replicated:
+        return [tensor]
+    if placement.flat_dim is not None:
+        return [s.contiguous() for s in _chunk(tensor, placement.flat_dim, rows * cols, "expert")]
+    per_row = _chunk(tensor, placement.row_dim, rows, "row") if placement.row_dim is not None else [tensor] * rows
+    shards = []
+    for row_part in per_row:
+        parts = _chunk(row_part, placement.col_dim, cols, "column") if placement.col_dim is not None else [row_part] * cols
+        shards.extend(p.contiguous() for p in parts)
+    return shards
+
+
+def column_blocks(shards: Sequence[torch.Tensor], placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:
+    """What each mesh column holds of a weight, its row shards joined: the tensor-parallel view."""
+    rows, cols = mesh
+    if placement.replicated:
+        return [shards[0]] * cols
+    if placement.flat_dim is not None:
+        return [torch.cat(list(shards), dim=placement.flat_dim)] * cols
+    blocks = []
+    for c in range(cols):
+        column = [shards[r * cols + c] for r in range(rows)]
+        blocks.append(torch.cat(column, dim=placement.row_dim) if placement.row_dim is not None else column[0])
+    return blocks
+
+
+def unshard(shards: Sequence[torch.Tensor], placement: Placement, mesh: MeshShape) -> torch.Tensor:
+    """The full tensor back from its shards (inverse of :func:`shard`)."""
+    blocks = column_blocks(shards, placement, mesh)
+    if placement.replicated or placement.flat_dim is not None or placement.col_dim is None:
+        return blocks[0]
+    return torch.cat(blocks, dim=placement.col_dim)

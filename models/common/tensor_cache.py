@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Turn host weights into ttnn tensors through the ``.tensorbin`` cache: the one place a loader
+calls instead of ``ttnn.as_tensor``.
+
+File names follow ``ttnn.as_tensor`` (``<prefix>_dtype_<DTYPE>_layout_<LAYOUT>.tensorbin``) so the
+cache stays readable by plain ttnn code. What this adds:
+
+* **Mesh placement on host**: a sharded weight becomes one host tensor per device, joined with
+  ``ttnn.from_host_shards``; a replicated one is stored once and replicated on upload.
+* **Atomic, overlapped writes**: converting (CPU-bound, inside ttnn) and writing + digesting the
+  previous weight (I/O, hashing) run side by side on a writer thread; every file is published by
+  atomic rename, so concurrent seeders and crashes never leave a torn tensorbin.
+* **Placeholders never persist**: a cache miss, or an unreadable file, on a storage-free
+  placeholder raises :class:`~models.common.weight_cache.WeightCacheError` (the loader then builds
+  cold) instead of writing it to disk as a weight.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import ttnn
+
+from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
+from models.common.mesh import MeshShape, Placement, shard
+from models.common.weight_cache import WeightCacheError, is_placeholder_tensor
+
+PRECISIONS: dict[str, Any] = {
+    "bfloat16": ttnn.bfloat16,
+    "bfloat8_b": ttnn.bfloat8_b,
+    "bfloat4_b": ttnn.bfloat4_b,
+    "float32": ttnn.float32,
+}
+
+
+@dataclass(frozen=True)
+class TensorFormat:
+    """How the device model consumes one weight: ttnn dtype, layout and mesh placement."""
+
+    dtype: Any
+    layout: Any
+    placement: Placement
+
+
+def tensorbin_path(cache_dir: Path, name: str, fmt: TensorFormat) -> Path:
+    """``ttnn.as_tensor``'s file name for ``name`` (``layers.3.attention.wqkv`` nests as
+    ``layers.3/attention.wqkv_...``: one directory per layer keeps directories small)."""
+    parts = name.split(".")
+    stem = name
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+        stem = f"layers.{parts[1]}/{'.'.join(parts[2:])}"
+    return cache_dir / f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
+
+
+def to_host_ttnn(tensor: torch.Tensor, fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
+    """Convert on host: one ttnn tensor per device shard, joined for the mesh."""
+    shards = shard(tensor, fmt.placement, mesh)
+    converted = [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+    if len(converted) == 1:
+        return converted[0]
+    return ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
+
+
+def host_shards(tensor: ttnn.Tensor) -> list[torch.Tensor]:
+    """The per-device torch tensors of a host ttnn tensor (one for a replicated weight)."""
+    devices = ttnn.get_device_tensors(tensor)
+    return [ttnn.to_torch(t) for t in devices] if len(devices) > 1 else [ttnn.to_torch(tensor)]
+
+
+class TensorCache:
+    """Loads cached weights and, on a cold build, converts and persists the missing ones.
+
+    ``rebuild=True`` (a cold build) converts every weight even when its file exists, so files of
+    an older checkpoint are never mixed into a new build. ``mesh_device`` (a real card's mesh) is
+    where tensors go after load; None keeps them on host."""
+
+    def __init__(
+        self, cache_dir: Path, mesh: MeshShape, *, rebuild: bool, mesh_device: Any = None, memory_config: Any = None
+    ) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.mesh = mesh
+        self.rebuild = rebuild
+        self.mesh_device = mesh_device
+        self.memory_config = memory_config
+        self.files: list[str] = []
+        self._pending: list[tuple[str, Future]] = []
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
+
+    def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
+        path = tensorbin_path(self.cache_dir, name, fmt)
+        self.files.append(path.relative_to(self.cache_dir).as_posix())
+        if not self.rebuild:
+            result = self._load(path, name, tensor)
+        else:
+            if is_placeholder_tensor(tensor):
+                raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
+            result = to_host_ttnn(tensor, fmt, self.mesh)
+            self._pending.append((self.files[-1], self._writer.submit(self._write, path, result)))
+        if self.mesh_device is not None:
+            result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
+        return result
+
+    def _load(self, path: Path, name: str, tensor: torch.Tensor) -> ttnn.Tensor:
+        try:
+            return ttnn.load_tensor(str(path))
+        except (RuntimeError, OSError) as error:
+            if is_placeholder_tensor(tensor):
+                raise WeightCacheError(f"cached {path.name} of {name} is unreadable ({error})") from error
+            raise
+
+    @staticmethod
+    def _write(path: Path, tensor: ttnn.Tensor) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path, durable=False, suffix=".tensorbin") as temp:
+            ttnn.dump_tensor(temp, tensor)
+            fsync_file(temp)
+            return content_digest_file(temp)
+
+    def finish(self) -> dict[str, str]:
+        """Wait for every write; return ``{relative path: content digest}`` of the files written."""
+        digests = {relative: future.result() for relative, future in self._pending}
+        self._pending.clear()
+        for directory in {(self.cache_dir / relative).parent for relative in digests}:
+            fsync_dir(directory)
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+        return digests
+
+    def abort(self) -> None:
+        for _, future in self._pending:
+            future.cancel()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
