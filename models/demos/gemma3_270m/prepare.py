@@ -63,6 +63,7 @@ from models.common.fileio import (
     atomic_write_bytes,
     file_lock,
     fsync_dir,
+    fsync_file,
     is_temp_path,
     publish,
     sha256_file,
@@ -391,11 +392,7 @@ def _verify_weights(path: Path) -> None:
 def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(path)
     fsync_dir(directory)
 
 
