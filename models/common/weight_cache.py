@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 from typing import Any
 
 import torch
@@ -68,6 +70,7 @@ TENSORBIN_SUFFIX = ".tensorbin"
 MAX_MARKER_BYTES = 512 << 20
 _MAX_FILE_BYTES = 1 << 50
 _MAX_DIM = 1 << 40
+_MAX_ELEMENTS = 1 << 50  # a placeholder's size must fit torch's int64 byte count
 _MAX_LAYERS = 1 << 20
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _HF_SNAPSHOT = re.compile(r"models--(?:[^/]+--)?(?P<name>[^/]+)/snapshots/[^/]+$")
@@ -100,6 +103,14 @@ def _variant_tag(build_variant: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+def _canonical_variant(build_variant: Mapping[str, Any] | None) -> Any:
+    """The build variant as the marker stores it (JSON: tuples become lists, other objects strings),
+    so the gate compares like with like."""
+    if build_variant is None:
+        return None
+    return json.loads(json.dumps(build_variant, sort_keys=True, default=str))
+
+
 def _variant_unverifiable(build_variant: Mapping[str, Any] | None) -> bool:
     return bool(build_variant) and bool(build_variant.get("unverifiable"))
 
@@ -124,11 +135,9 @@ def normalize_mesh_shape(mesh_shape: Any) -> str:
 
 
 def _normalize_components(components: str | Iterable[str] | None) -> list[str]:
-    if components is None:
-        return ["all"]
-    if isinstance(components, str):
-        return [components]
-    return sorted({str(c) for c in components})
+    """None is the whole model (one implicit component); a lone string is one component."""
+    named = ["all"] if components is None else [components] if isinstance(components, str) else components
+    return sorted({str(c) for c in named})
 
 
 def list_cache_files(cache_path: str | os.PathLike) -> list[str]:
@@ -187,10 +196,19 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 def _safe_relative_path(value: Any) -> str:
     _expect(isinstance(value, str) and 0 < len(value) <= 4096, f"file path {value!r} is not a short string")
     _expect("\x00" not in value and "\\" not in value, f"file path {value!r} has a NUL or backslash")
+    _expect(value.isascii() or _encodable(value), f"file path {value!r} is not valid UTF-8 text")
     pure = PurePosixPath(value)
     _expect(not pure.is_absolute(), f"file path {value!r} is absolute")
     _expect(all(part not in ("", ".", "..") for part in value.split("/")), f"file path {value!r} leaves the cache dir")
     return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")  # a lone surrogate (JSON "\ud800") cannot name a file: stat would raise
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _file_record(value: Any) -> FileRecord:
@@ -213,6 +231,7 @@ def _weight_spec(key: str, value: Any) -> tuple[tuple[int, ...], torch.dtype]:
         f"weight {key!r}: shape {shape!r} is not a list of sane dimensions",
     )
     _expect(isinstance(dtype, str) and dtype in _TORCH_DTYPES, f"weight {key!r}: unknown dtype {dtype!r}")
+    _expect(math.prod(shape) <= _MAX_ELEMENTS, f"weight {key!r}: shape {shape!r} has too many elements")
     return tuple(shape), _TORCH_DTYPES[dtype]
 
 
@@ -359,9 +378,12 @@ def _cold(reason: str) -> CacheStatus:
 
 def _stat_mismatch(root: str, record: FileRecord) -> str | None:
     try:
-        size = os.stat(os.path.join(root, record.path)).st_size
+        info = os.stat(os.path.join(root, record.path))
     except OSError as error:
         return f"{record.path} is missing ({error.strerror})"
+    if not S_ISREG(info.st_mode):
+        return f"{record.path} is not a regular file"
+    size = info.st_size
     if size != record.bytes:
         return f"{record.path} is {size:,} bytes, marker says {record.bytes:,}"
     return None
@@ -402,7 +424,10 @@ def weight_cache_status(
             set(_normalize_components(components)) <= set(marker.components),
             f"marker covers components {list(marker.components)}, build needs {_normalize_components(components)}",
         ),
-        (marker.build_variant == build_variant, f"marker variant {marker.build_variant!r} != {build_variant!r}"),
+        (
+            marker.build_variant == _canonical_variant(build_variant),
+            f"marker variant {marker.build_variant!r} != {build_variant!r}",
+        ),
     )
     for passed, reason in checks:
         if not passed:
@@ -530,8 +555,17 @@ def mark_weight_cache_complete(
             if value.is_meta:
                 raise WeightCacheError(f"host weight {key!r} is a placeholder; a host weight must be real")
             host[key] = value.detach().to("cpu").contiguous()
+    # safetensors refuses tensors sharing storage (tied embeddings): give each its own copy.
+    seen: set[int] = set()
+    for key, value in host.items():
+        if value.untyped_storage().data_ptr() in seen:
+            host[key] = value.clone()
+        seen.add(host[key].untyped_storage().data_ptr())
     try:
-        files = sorted(set(cache_files)) if cache_files is not None else list_cache_files(root)
+        if cache_files is not None:
+            files = sorted({_safe_relative_path(f) for f in cache_files})
+        else:
+            files = list_cache_files(root)
         if not files:
             logger.warning(f"Not marking {root} complete: no {TENSORBIN_SUFFIX} files in it")
             return False
@@ -543,14 +577,15 @@ def mark_weight_cache_complete(
             sidecar = host_sidecar_path(root, build_variant)
             with atomic_output(sidecar) as temp:
                 save_file(host, temp)
+                os.chmod(temp, 0o644)  # safetensors creates 0600; readers may be other users
             sidecar_record = _record_file(root, sidecar.name, None)
         body = {
             "format_version": WEIGHT_CACHE_FORMAT_VERSION,
             "model_name": model_name,
             "n_layers": n_layers,
-            "mesh_shape": normalize_mesh_shape(mesh_shape),
             "components": _normalize_components(components),
-            "build_variant": build_variant,
+            "mesh_shape": normalize_mesh_shape(mesh_shape),
+            "build_variant": _canonical_variant(build_variant),
             "is_moe": bool(is_moe),
             "model_info": dict(model_info or {}),
             "model_config": dict(model_config) if model_config is not None else None,
@@ -607,10 +642,9 @@ class CachedStateDict(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         if key in self._deleted:
             raise KeyError(key)
-        if key in self._overrides:
-            return self._overrides[key]
-        if key in self._host:
-            return self._host[key]
+        for source in (self._overrides, self._host):
+            if key in source:
+                return source[key]
         shape, dtype = self._manifest[key]
         return placeholder(shape, dtype)
 
@@ -665,7 +699,11 @@ def _restore_model_facts(args: Any, marker: WeightCacheMarker) -> None:
         if _is_int(info.get("num_experts"), 1, 1 << 20):
             args.num_experts = info["num_experts"]
         else:
-            args.num_experts = _count_experts(keys) or getattr(args, "num_local_experts", None)
+            counted = _count_experts(keys)
+            if counted:
+                args.num_experts = counted
+            elif hasattr(args, "num_local_experts"):
+                args.num_experts = args.num_local_experts
 
 
 _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")

@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared fixtures of the ttnn tests: real tensorbin caches, real mounts, real processes.
+
+Generic on purpose (the loader tests reuse them): a cache here is a directory of ``.tensorbin``
+files written by ``ttnn.as_tensor`` / ``ttnn.dump_tensor`` on the mock cluster, for the tiny
+model of :mod:`tests.ttnn.helpers.weight_cache_seeder`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from loguru import logger
+
+from tests.ttnn.helpers import weight_cache_seeder as seeder
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOBODY_UID = 65534
+
+
+@dataclass
+class TensorbinCache:
+    """A real ttnn weight cache of the tiny model: ``files`` maps checkpoint key -> relative tensorbin."""
+
+    root: Path
+    state_dict: dict[str, torch.Tensor]
+    files: dict[str, str]
+
+    def path(self, key: str) -> Path:
+        return self.root / self.files[key]
+
+    def mark(self, **overrides) -> bool:
+        return seeder.mark(self.root, self.state_dict, **overrides)
+
+    def gate_kwargs(self, **overrides) -> dict:
+        return seeder.gate_kwargs(**overrides)
+
+
+@pytest.fixture(scope="session")
+def tiny_state_dict() -> dict[str, torch.Tensor]:
+    """The tiny model's deterministic bfloat16 checkpoint (do not mutate)."""
+    return seeder.make_state_dict()
+
+
+@pytest.fixture(scope="session")
+def tiny_expected(tiny_state_dict) -> dict[str, torch.Tensor]:
+    """What every cached weight must read back as (after its ttnn dtype round trip)."""
+    return seeder.expected_values(tiny_state_dict)
+
+
+@pytest.fixture
+def built_cache(tmp_path: Path, tiny_state_dict) -> TensorbinCache:
+    """A cache whose tensorbins are all written (bfloat16 and bfloat8_b TILE, mesh-sharded ones) but not marked."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    files = seeder.build_cache(root, tiny_state_dict)
+    return TensorbinCache(root, dict(tiny_state_dict), files)
+
+
+@pytest.fixture
+def seeded_cache(built_cache: TensorbinCache) -> TensorbinCache:
+    """A built cache marked complete (with the host sidecar, model_config and model_info)."""
+    assert built_cache.mark(), "marking a freshly built cache failed"
+    return built_cache
+
+
+@pytest.fixture
+def captured_warnings() -> Iterator[Callable[[], str]]:
+    """A callable returning the WARNING+ loguru output logged so far in the test."""
+    stream = io.StringIO()
+    sink = logger.add(stream, level="WARNING", format="{level}: {message}")
+    yield stream.getvalue
+    logger.remove(sink)
+
+
+@pytest.fixture
+def readonly_view() -> Iterator[Callable[[Path], Path]]:
+    """Make a real read-only bind mount of a directory: ``view = readonly_view(src)``.
+
+    Needs mount privileges (root with CAP_SYS_ADMIN); otherwise the test is skipped with the reason.
+    Every mount is undone in teardown."""
+    mounts: list[Path] = []
+    holder = Path(tempfile.mkdtemp(prefix="wc-ro-"))
+
+    def make(source: Path) -> Path:
+        target = holder / f"view{len(mounts)}"
+        target.mkdir()
+        bind = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
+        if bind.returncode != 0:
+            pytest.skip(f"cannot bind-mount here (needs root with CAP_SYS_ADMIN): {bind.stderr.strip()}")
+        mounts.append(target)
+        remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], capture_output=True, text=True)
+        if remount.returncode != 0:
+            pytest.skip(f"cannot remount the bind mount read-only: {remount.stderr.strip()}")
+        return target
+
+    yield make
+    for target in reversed(mounts):
+        subprocess.run(["umount", str(target)], check=True)
+    shutil.rmtree(holder)
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """A fresh directory that other users can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="wc-shared-"))
+    path.chmod(0o755)
+    yield path
+    for directory, subdirs, _ in os.walk(path):
+        for name in subdirs:
+            Path(directory, name).chmod(0o755)
+    path.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def run_helper(*args: str, user: int | None = None, timeout: float = 120) -> dict:
+    """Run ``tests.ttnn.helpers.weight_cache_seeder`` in a child process (optionally as another user);
+    return the JSON of its last stdout line."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    if user is not None:
+        env["HOME"] = tempfile.gettempdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.ttnn.helpers.weight_cache_seeder", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        user=user,
+    )
+    assert result.returncode == 0, f"helper {args} failed:\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def as_unprivileged() -> Callable[..., dict]:
+    """Run the seeder helper as the unprivileged ``nobody`` user (skip if this process cannot switch users)."""
+    if os.geteuid() != 0:
+        pytest.skip("switching to an unprivileged user needs root; running unprivileged already")
+
+    def run(*args: str) -> dict:
+        return run_helper(*args, user=NOBODY_UID)
+
+    return run
