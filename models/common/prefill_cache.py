@@ -433,7 +433,7 @@ class FrozenBackbonePrefillPacket:
             or input_positions_t.numel() != 1
         ):
             raise ValueError(
-                f"one frozen-backbone row must be final [1, 1, {hidden}] and summary "
+                f"frozen-backbone row geometry differs: need final [1, 1, {hidden}] and summary "
                 f"[1, {positions}, {hidden}] in {authority.feature_dtype} with one input "
                 f"position; got {tuple(final_hidden_t.shape)} {final_hidden_t.dtype}, "
                 f"{tuple(summary_hidden_t.shape)} {summary_hidden_t.dtype}, "
