@@ -114,6 +114,15 @@ def checkpoint_fingerprint(checkpoint_dir: Path) -> list[list[Any]]:
     return found
 
 
+def checkpoint_changed(recorded: list[list[Any]], current: list[list[Any]]) -> bool:
+    """True when a file present now differs from (or was absent in) the recorded fingerprint.
+
+    Files missing now are no change: deleting the weights after seeding (a cache-only deploy)
+    must keep the cache warm."""
+    before = {entry[0]: entry for entry in recorded if isinstance(entry, list) and entry}
+    return any(before.get(entry[0]) != entry for entry in current)
+
+
 @dataclass(frozen=True)
 class KeyRule:
     """One renaming rule: a regex over checkpoint names and its replacement."""

@@ -34,6 +34,7 @@ from models.common.checkpoint import (
     CheckpointError,
     CheckpointReader,
     KeyRule,
+    checkpoint_changed,
     checkpoint_fingerprint,
     read_config,
     resolve_checkpoint_dir,
@@ -213,7 +214,7 @@ class WeightLoader(ABC):
         )
         if status.warm and self.checkpoint_dir is not None:
             recorded = status.marker.model_info.get("checkpoint_fingerprint")
-            if recorded is not None and recorded != checkpoint_fingerprint(self.checkpoint_dir):
+            if isinstance(recorded, list) and checkpoint_changed(recorded, checkpoint_fingerprint(self.checkpoint_dir)):
                 return CacheStatus(False, f"checkpoint {self.checkpoint_dir} changed since the cache was built")
         return status
 

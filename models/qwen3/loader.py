@@ -29,7 +29,7 @@ class Qwen3MoeLoader(Qwen3Loader):
     def make_args(self, config: dict[str, Any], num_layers: int | None) -> ModelArgs:
         args = super().make_args(config, num_layers)
         args.is_mixture_of_experts = True
-        args.num_experts = int(config["num_experts"])
+        args.num_experts = int(config.get("num_local_experts") or config["num_experts"])
         args.num_experts_per_tok = int(config["num_experts_per_tok"])
         args.moe_hidden_dim = int(config["moe_intermediate_size"])
         args.norm_topk_prob = bool(config.get("norm_topk_prob", True))

@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A host (torch, fp32) forward pass that reads weights *as stored in the ttnn cache*.
+
+It is the proof that a loader's layout is right and not merely reversible: every weight is read
+back from its ttnn tensor (``ttnn.to_torch`` of each device shard) and used the way the
+tensor-parallel device model uses it. Each mesh column computes attention for its own heads from
+its block of the fused QKV and its rows of ``wo``, and its share of the MLP; the partial results
+are summed across columns (the all-reduce), and the LM head's column shards are concatenated.
+If a loader put a head in the wrong column or forgot a transpose, the logits would not match
+transformers'. Family differences (Gemma's norms, scaling, activation, sliding windows) are read
+from :class:`~models.common.model_args.ModelArgs` and its config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+
+from models.common.decoder import kv_heads_per_column
+from models.common.loader import LoadedModel
+from models.common.mesh import column_blocks
+from models.common.tensor_cache import host_shards
+
+
+class CachedWeights:
+    """Torch views of a loaded model's ttnn weights, per mesh column, in fp32."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self._columns: dict[str, list[torch.Tensor]] = {}
+
+    def columns(self, name: str) -> list[torch.Tensor]:
+        if name not in self._columns:
+            shards = [s.float() for s in host_shards(self.loaded.weights[name])]
+            placement = self.loaded.formats[name].placement
+            self._columns[name] = column_blocks(shards, placement, self.loaded.mesh_shape)
+        return self._columns[name]
+
+    def full(self, name: str) -> torch.Tensor:
+        """A replicated (or expert-parallel, rejoined) weight."""
+        return self.columns(name)[0]
+
+    def vector(self, name: str) -> torch.Tensor:
+        """A norm weight stored as ``[1, 1, n/32, 32]``, flattened."""
+        return self.full(name).reshape(-1)
+
+    def has(self, name: str) -> bool:
+        return name in self.loaded.weights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    elif kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind != "default":
+        raise NotImplementedError(f"rope_type {kind!r} is not in the reference forward")
+    return inv_freq.float()
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the HF checkpoint convention) on ``[T, heads, head_dim]``."""
+    angles = positions[:, None].float() * inv_freq[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None, :], torch.cat([angles.sin()] * 2, -1)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class ReferenceDecoder:
+    """Tensor-parallel host forward of a Llama / Qwen3 / Qwen3-MoE / Gemma3 decoder."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.w = CachedWeights(loaded)
+        self.args = loaded.args
+        self.cols = loaded.mesh_shape[1]
+        text = self.args.config.get("text_config") or self.args.config
+        self.text_config = text
+        self.gemma = self.args.model_type.startswith("gemma")
+
+    @cached_property
+    def _inv_freq_global(self) -> torch.Tensor:
+        return rope_inv_freq(self.args.head_dim, self.args.rope_theta, self._rope_params("full_attention"))
+
+    @cached_property
+    def _inv_freq_local(self) -> torch.Tensor:
+        params = self._rope_params("sliding_attention")
+        theta = (params or {}).get("rope_theta") or self.text_config.get("rope_local_base_freq") or self.args.rope_theta
+        return rope_inv_freq(self.args.head_dim, theta, params)
+
+    def _rope_params(self, kind: str) -> dict | None:
+        params = self.text_config.get("rope_parameters") or self.text_config.get("rope_scaling")
+        if isinstance(params, dict) and kind in params:
+            return params[kind]
+        return params
+
+    def _layer_type(self, layer: int) -> str:
+        types = self.text_config.get("layer_types")
+        return types[layer] if types else "full_attention"
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        act = self.text_config.get("hidden_activation") or self.text_config.get("hidden_act") or "silu"
+        return F.gelu(x, approximate="tanh") if act.startswith("gelu") else F.silu(x)
+
+    # -- blocks ---------------------------------------------------------------------------------
+
+    def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        a, p = self.args, f"layers.{layer}.attention."
+        positions = torch.arange(x.shape[0])
+        sliding = self._layer_type(layer) == "sliding_attention"
+        inv_freq = self._inv_freq_local if sliding else self._inv_freq_global
+        scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
+        per_q = a.n_heads // self.cols
+        kv_of_column = kv_heads_per_column(a.n_kv_heads, self.cols)
+        group = a.n_heads // a.n_kv_heads
+        mask = torch.ones(x.shape[0], x.shape[0], dtype=torch.bool).tril()
+        if sliding and self.text_config.get("sliding_window"):
+            window = self.text_config["sliding_window"]
+            mask &= ~torch.ones_like(mask).tril(-window)
+        out = torch.zeros_like(x)
+        for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
+            kv_heads = kv_of_column[c]
+            q, k, v = (x @ wqkv).split([per_q * a.head_dim, len(kv_heads) * a.head_dim, len(kv_heads) * a.head_dim], -1)
+            q, k, v = (t.reshape(x.shape[0], -1, a.head_dim) for t in (q, k, v))
+            if self.w.has(p + "q_norm"):
+                q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
+                k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
+            k, v = k[:, local], v[:, local]
+            scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            scores = scores.masked_fill(~mask, float("-inf"))
+            heads = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+            out += heads.reshape(x.shape[0], -1) @ wo
+        return out
+
+    def mlp(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        p = f"layers.{layer}.feed_forward."
+        if self.w.has(p + "gate"):
+            return self.moe(x, p)
+        out = torch.zeros_like(x)
+        for w1, w3, w2 in zip(self.w.columns(p + "w1"), self.w.columns(p + "w3"), self.w.columns(p + "w2")):
+            out += (self._activation(x @ w1) * (x @ w3)) @ w2
+        return out
+
+    def moe(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        a = self.args
+        probs = (x @ self.w.full(p + "gate")).softmax(-1)
+        top, chosen = probs.topk(a.num_experts_per_tok, dim=-1)
+        if a.norm_topk_prob:
+            top = top / top.sum(-1, keepdim=True)
+        w1, w3, w2 = (self.w.full(f"{p}experts.{n}") for n in ("w1", "w3", "w2"))
+        out = torch.zeros_like(x)
+        for slot in range(a.num_experts_per_tok):
+            for expert in chosen[:, slot].unique().tolist():
+                rows = chosen[:, slot] == expert
+                h = x[rows]
+                y = (F.silu(h @ w1[expert]) * (h @ w3[expert])) @ w2[expert]
+                out[rows] += top[rows, slot, None] * y
+        return out
+
+    # -- the model ------------------------------------------------------------------------------
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.w.full("tok_embeddings")[tokens]
+        return x * math.sqrt(self.args.dim) if self.gemma else x
+
+    def logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        """``[T, vocab]`` logits of a prompt."""
+        a = self.args
+        x = self.embed(torch.as_tensor(list(tokens)))
+        for layer in range(a.n_layers):
+            x = self.block(x, layer)
+        x = rms_norm(x, self.w.vector("norm"), a.norm_eps)
+        logits = torch.cat([x @ head for head in self.w.columns("output")], dim=-1)
+        cap = self.text_config.get("final_logit_softcapping")
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def block(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        a, p = self.args, f"layers.{layer}."
+        norm = lambda h, name: rms_norm(h, self.w.vector(p + name), a.norm_eps)  # noqa: E731
+        if self.gemma:
+            x = x + norm(self.attention(norm(x, "attention_norm"), layer), "post_attention_norm")
+            return x + norm(self.mlp(norm(x, "ffn_norm"), layer), "post_ffn_norm")
+        x = x + self.attention(norm(x, "attention_norm"), layer)
+        return x + self.mlp(norm(x, "ffn_norm"), layer)
+
+    @torch.no_grad()
+    def greedy(self, tokens: Sequence[int], steps: int) -> list[int]:
+        """``steps`` greedy next tokens (full recompute each step: this is a checker, not a server)."""
+        tokens, out = list(tokens), []
+        for _ in range(steps):
+            nxt = int(self.logits(tokens)[-1].argmax())
+            tokens.append(nxt)
+            out.append(nxt)
+        return out
