@@ -101,6 +101,8 @@ class DecoderLoader(WeightLoader):
     """Llama-style decoder conversion; families override the hooks where their models differ."""
 
     key_rules = HF_DECODER_RULES
+    norm_format = NORM_FORMAT
+    layer_norms: tuple[str, ...] = ("attention_norm", "ffn_norm")
 
     def make_args(self, config: dict, num_layers: int | None) -> ModelArgs:
         return ModelArgs.from_hf_config(config, num_layers)
@@ -122,12 +124,12 @@ class DecoderLoader(WeightLoader):
 
     def convert(self, sink: WeightSink, args: ModelArgs) -> None:
         state = sink.state
-        embedding = state["tok_embeddings.weight"]
-        sink.put("tok_embeddings", embedding, EMBEDDING_FORMAT)
+        if not self.is_host_weight("tok_embeddings.weight"):
+            sink.put("tok_embeddings", state["tok_embeddings.weight"], EMBEDDING_FORMAT)
         for layer in range(args.n_layers):
             self.convert_layer(sink, args, layer)
-        sink.put("norm", self.norm(state["norm.weight"]), NORM_FORMAT)
-        head = state["output.weight"] if "output.weight" in state else embedding
+        sink.put("norm", self.norm(state["norm.weight"]), self.norm_format)
+        head = state["output.weight"] if "output.weight" in state else state["tok_embeddings.weight"]
         sink.put("output", head.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
 
     def convert_layer(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
@@ -145,13 +147,13 @@ class DecoderLoader(WeightLoader):
         sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL))
         sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
         if args.qk_norm:
-            sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), NORM_FORMAT)
-            sink.put(p + "k_norm", self.norm(state[p + "k_norm.weight"]), NORM_FORMAT)
+            sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), self.norm_format)
+            sink.put(p + "k_norm", self.norm(state[p + "k_norm.weight"]), self.norm_format)
 
     def convert_norms(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         p = f"layers.{layer}."
-        for name in ("attention_norm", "ffn_norm"):
-            sink.put(p + name, self.norm(sink.state[f"{p}{name}.weight"]), NORM_FORMAT)
+        for name in self.layer_norms:
+            sink.put(p + name, self.norm(sink.state[f"{p}{name}.weight"]), self.norm_format)
 
     def convert_mlp(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.feed_forward."

@@ -41,7 +41,10 @@ class CachedWeights:
         return self._columns[name]
 
     def full(self, name: str) -> torch.Tensor:
-        """A replicated (or expert-parallel, rejoined) weight."""
+        """A replicated (or expert-parallel, rejoined) weight; host-consumed weights come from the
+        host state (``tok_embeddings`` -> ``tok_embeddings.weight``)."""
+        if name not in self.loaded.weights and f"{name}.weight" in self.loaded.host_weights:
+            return self.loaded.host_weights[f"{name}.weight"].float()
         return self.columns(name)[0]
 
     def vector(self, name: str) -> torch.Tensor:
@@ -98,7 +101,8 @@ class ReferenceDecoder:
 
     @cached_property
     def _inv_freq_global(self) -> torch.Tensor:
-        return rope_inv_freq(self.args.head_dim, self.args.rope_theta, self._rope_params("full_attention"))
+        params = self._rope_params("full_attention")
+        return rope_inv_freq(self.args.head_dim, (params or {}).get("rope_theta") or self.args.rope_theta, params)
 
     @cached_property
     def _inv_freq_local(self) -> torch.Tensor:

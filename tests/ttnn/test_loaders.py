@@ -18,11 +18,12 @@ from models.common.loader import LoadedModel
 from models.common.reference import ReferenceDecoder
 from models.common.tensor_cache import host_shards
 from models.common.weight_cache import DEFAULT_FORCE_ENV, marker_path, read_marker, verify_weight_cache
+from models.gemma import Gemma3Loader
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader, Qwen3MoeLoader
 from tests.ttnn.tiny_models import as_hub_snapshot, hf_greedy, hf_logits, make_checkpoint
 
-LOADERS = {"llama": LlamaLoader, "qwen3": Qwen3Loader, "qwen3_moe": Qwen3MoeLoader}
+LOADERS = {"llama": LlamaLoader, "qwen3": Qwen3Loader, "qwen3_moe": Qwen3MoeLoader, "gemma3": Gemma3Loader}
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]
 
 

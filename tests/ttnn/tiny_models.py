@@ -25,6 +25,11 @@ def tiny_config(family: str, **overrides):
         return LlamaConfig(**shapes, rope_parameters=rope, tie_word_embeddings=False)
     if family == "qwen3":
         return Qwen3Config(**shapes, tie_word_embeddings=True)
+    if family == "gemma3":
+        from transformers import Gemma3TextConfig
+
+        return Gemma3TextConfig(**{**shapes, "num_hidden_layers": 3, "sliding_window": 4, "query_pre_attn_scalar": 32,
+                                   "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})
     if family == "qwen3_moe":
         return Qwen3MoeConfig(**{**shapes, "num_local_experts": 12, "num_experts_per_tok": 2,
                                  "moe_intermediate_size": 64, "mlp_only_layers": [0], **overrides})
@@ -42,6 +47,8 @@ def make_checkpoint(family: str, directory: Path, *, seed: int = 0, max_shard_si
         for param in model.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.08)
+            else:  # norms: off their init value, so a wrong norm layout shows in the logits
+                param.add_(torch.randn_like(param) * 0.1)
     model = model.to(dtype)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kwargs)
