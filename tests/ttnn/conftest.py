@@ -8,6 +8,7 @@ model of :mod:`tests.ttnn.helpers.weight_cache_seeder`.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -26,7 +27,7 @@ from loguru import logger
 from tests.ttnn.helpers import weight_cache_seeder as seeder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NOBODY_UID = 65534
+NOBODY_UID = 65534  # owner of files that must look like another user's
 
 
 @dataclass
@@ -106,8 +107,11 @@ def readonly_view() -> Iterator[Callable[[Path], Path]]:
         return target
 
     yield make
+    gc.collect()  # drop mappings of files under the mount (ttnn and safetensors map lazily)
     for target in reversed(mounts):
-        subprocess.run(["umount", str(target)], check=True)
+        if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+            # still busy (a module-level memo may map a file): detach now, the kernel frees it later
+            subprocess.run(["umount", "--lazy", str(target)], check=True)
     shutil.rmtree(holder)
 
 
@@ -124,20 +128,25 @@ def world_readable_dir() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def run_helper(*args: str, user: int | None = None, timeout: float = 120) -> dict:
-    """Run ``tests.ttnn.helpers.weight_cache_seeder`` in a child process (optionally as another user);
-    return the JSON of its last stdout line."""
+DROP_FILE_PERMISSION_BYPASS = [
+    "setpriv",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--",
+]
+
+
+def run_helper(*args: str, prefix: list[str] | None = None, timeout: float = 120) -> dict:
+    """Run ``tests.ttnn.helpers.weight_cache_seeder`` in a child process (``prefix``: a wrapper
+    command such as :data:`DROP_FILE_PERMISSION_BYPASS`); return the JSON of its last stdout line."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    if user is not None:
-        env["HOME"] = tempfile.gettempdir()
     result = subprocess.run(
-        [sys.executable, "-m", "tests.ttnn.helpers.weight_cache_seeder", *args],
+        [*(prefix or []), sys.executable, "-m", "tests.ttnn.helpers.weight_cache_seeder", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
-        user=user,
     )
     assert result.returncode == 0, f"helper {args} failed:\n{result.stderr[-3000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -145,11 +154,19 @@ def run_helper(*args: str, user: int | None = None, timeout: float = 120) -> dic
 
 @pytest.fixture
 def as_unprivileged() -> Callable[..., dict]:
-    """Run the seeder helper as the unprivileged ``nobody`` user (skip if this process cannot switch users)."""
+    """Run the seeder helper with file permissions enforced on it.
+
+    Root ignores permission bits (CAP_DAC_OVERRIDE), so a chmod-ed directory stops nothing. The
+    child here stays uid 0 but loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (``setpriv``), so
+    the kernel applies mode bits to it like to any user: owner bits on root's files, "other" bits
+    on files owned by someone else. (Switching to ``nobody`` is no option here: the interpreter
+    lives under /root, mode 0700.) When not root, permissions are enforced already."""
     if os.geteuid() != 0:
-        pytest.skip("switching to an unprivileged user needs root; running unprivileged already")
+        return lambda *args: run_helper(*args)
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE")
 
     def run(*args: str) -> dict:
-        return run_helper(*args, user=NOBODY_UID)
+        return run_helper(*args, prefix=DROP_FILE_PERMISSION_BYPASS)
 
     return run

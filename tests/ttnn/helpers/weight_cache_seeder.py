@@ -6,12 +6,14 @@ Importable (the pytest fixtures build their caches with it) and runnable as a su
 concurrency tests:
 
 * ``seed``: build every tensorbin with ``ttnn.as_tensor`` (hits load, misses write) and mark the
-  cache complete, ``--rounds`` times; with ``--start-at`` all seeders wait for one wall-clock
-  instant so they really race.
+  cache complete, ``--rounds`` times; with ``--barrier DIR`` each seeder announces itself there
+  and waits for a ``go`` file, so all of them really race.
 * ``loop``: forever withdraw the marker, delete a random tensorbin, rebuild, mark (a crash target
   for SIGKILL); prints ``ready`` once imports are done and one line per finished round.
 * ``mark``: mark an already built cache once and print the result as JSON (used as an
   unprivileged user against an unwritable directory).
+* ``gate``: ask the gate and build the warm state dict; print the answer as JSON (used as another
+  user than the seeder).
 """
 
 from __future__ import annotations
@@ -189,10 +191,14 @@ def cache_mismatches(root: Path, state_dict: Mapping[str, torch.Tensor] | None =
     return problems
 
 
-def _seed(root: Path, rounds: int, start_at: float | None) -> None:
+def _seed(root: Path, rounds: int, barrier: Path | None) -> None:
+    import ttnn  # noqa: F401  (import before the barrier so the race is not an import race)
+
     state_dict = make_state_dict()
-    if start_at is not None:
-        time.sleep(max(0.0, start_at - time.time()))
+    if barrier is not None:
+        (barrier / f"ready.{os.getpid()}").touch()
+        while not (barrier / "go").exists():
+            time.sleep(0.001)
     results = []
     for _ in range(rounds):
         build_cache(root, state_dict)
@@ -228,20 +234,34 @@ def _mark_once(root: Path) -> None:
     print(json.dumps({"marked": marked, "uid": os.getuid(), "warnings": warnings.getvalue()}), flush=True)
 
 
+def _gate(root: Path) -> None:
+    from models.common.weight_cache import build_cached_state_dict, weight_cache_status
+
+    result = weight_cache_status(root, **gate_kwargs())
+    host_ok = None
+    if result.warm:
+        sd = build_cached_state_dict(root)
+        expected = make_state_dict()
+        host_ok = all(torch.equal(sd[key], expected[key]) for key in HOST_KEYS)
+    print(json.dumps({"warm": result.warm, "reason": result.reason, "host_ok": host_ok, "uid": os.getuid()}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("seed", "loop", "mark"))
+    parser.add_argument("mode", choices=("seed", "loop", "mark", "gate"))
     parser.add_argument("cache_dir", type=Path)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--start-at", type=float, default=None)
+    parser.add_argument("--barrier", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.mode == "seed":
-        _seed(args.cache_dir, args.rounds, args.start_at)
+        _seed(args.cache_dir, args.rounds, args.barrier)
     elif args.mode == "loop":
         _loop(args.cache_dir, args.seed)
-    else:
+    elif args.mode == "mark":
         _mark_once(args.cache_dir)
+    else:
+        _gate(args.cache_dir)
     return 0
 
 
