@@ -35,6 +35,7 @@ from models.common.loader import WeightLoader, WeightSink
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import TensorFormat
+from models.common.weight_cache import is_placeholder_tensor, placeholder
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (
     KeyRule(r"^model\.embed_tokens\.weight$", "tok_embeddings.weight"),
@@ -74,27 +75,48 @@ def kv_heads_per_column(n_kv_heads: int, cols: int) -> list[list[int]]:
     raise ValueError(f"{n_kv_heads} KV heads cannot be spread over {cols} mesh columns")
 
 
+def concat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``torch.cat`` that stays cheap on placeholders: torch's meta kernel for ``cat`` pulls in
+    its decomposition machinery, about 4 s of imports on first use, on every warm start."""
+    if all(is_placeholder_tensor(t) for t in tensors):
+        shape = list(tensors[0].shape)
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+        return placeholder(shape, tensors[0].dtype)
+    return torch.cat(list(tensors), dim=dim)
+
+
+def stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack`` along a new first dim, cheap on placeholders like :func:`concat`."""
+    return concat([t.unsqueeze(0) for t in tensors], dim=0)
+
+
 def _heads(weight: torch.Tensor, indices: Sequence[int], head_dim: int) -> list[torch.Tensor]:
     return [weight.narrow(0, h * head_dim, head_dim) for h in indices]
 
 
-def fuse_qkv(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, args: ModelArgs, cols: int) -> torch.Tensor:
+def fuse_qkv(
+    wq: torch.Tensor, wk: torch.Tensor | None, wv: torch.Tensor | None, args: ModelArgs, cols: int
+) -> torch.Tensor:
     """``[dim, cols * (q + k + v heads of a column) * head_dim]``, column ``c``'s block holding its
-    query heads, then its key heads, then its value heads."""
+    query heads, then its key heads, then its value heads.
+
+    ``wk`` / ``wv`` may be None for a model whose layer has no such projection (gemma4's KV-shared
+    layers, or values equal to keys): that part of every column's block is then left out."""
     if args.n_heads % cols:
         raise ValueError(f"{args.n_heads} attention heads cannot be split over {cols} mesh columns")
     per_q = args.n_heads // cols
     kv = kv_heads_per_column(args.n_kv_heads, cols)
     blocks = []
     for c in range(cols):
-        q = _heads(wq, range(c * per_q, (c + 1) * per_q), args.head_dim)
-        blocks += q + _heads(wk, kv[c], args.head_dim) + _heads(wv, kv[c], args.head_dim)
-    return torch.cat(blocks, dim=0).transpose(0, 1)
+        blocks += _heads(wq, range(c * per_q, (c + 1) * per_q), args.head_dim)
+        for w in (wk, wv):
+            blocks += _heads(w, kv[c], args.head_dim) if w is not None else []
+    return concat(blocks, dim=0).transpose(0, 1)
 
 
 def stack_experts(state: Mapping[str, torch.Tensor], prefix: str, name: str, count: int) -> torch.Tensor:
     """``[experts, in, out]`` of one projection of every expert of a layer."""
-    return torch.stack([state[f"{prefix}experts.{e}.{name}.weight"].transpose(0, 1) for e in range(count)])
+    return stack([state[f"{prefix}experts.{e}.{name}.weight"].transpose(0, 1) for e in range(count)])
 
 
 class DecoderLoader(WeightLoader):

@@ -285,7 +285,8 @@ class WeightLoader(ABC):
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
-                           reason, seconds, {"convert": convert_seconds, "finish": seconds - convert_seconds})
+                           reason, seconds, {"from_torch": cache.convert_seconds, "convert": convert_seconds,
+                                    "finish": seconds - convert_seconds})
 
 
 def cache_marker_info(loader: WeightLoader) -> dict[str, Any]:

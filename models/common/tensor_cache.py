@@ -17,6 +17,7 @@ cache stays readable by plain ttnn code. What this adds:
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,7 @@ class TensorCache:
         self.mesh_device = mesh_device
         self.memory_config = memory_config
         self.files: list[str] = []
+        self.convert_seconds = 0.0  # time inside host conversion (sharding + ttnn.from_torch)
         self._pending: list[tuple[str, Future]] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
@@ -98,7 +100,9 @@ class TensorCache:
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
+            start = time.perf_counter()
             result = to_host_ttnn(tensor, fmt, self.mesh)
+            self.convert_seconds += time.perf_counter() - start
             self._pending.append((self.files[-1], self._writer.submit(self._write, path, result)))
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
