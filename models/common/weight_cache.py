@@ -44,7 +44,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
@@ -184,9 +184,11 @@ class MarkerFormatError(ValueError):
     """The marker's bytes are not a valid v4 marker; the message says which field."""
 
 
-def _expect(condition: bool, message: str) -> None:
+def _expect(condition: bool, message: str | Callable[[], str]) -> None:
+    """Raise :class:`MarkerFormatError` unless ``condition``; a callable message is formatted only
+    then (the per-file checks run 10,000 times per gate call: no eager reprs)."""
     if not condition:
-        raise MarkerFormatError(message)
+        raise MarkerFormatError(message() if callable(message) else message)
 
 
 def _is_int(value: Any, low: int, high: int) -> bool:
@@ -194,12 +196,16 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 
 
 def _safe_relative_path(value: Any) -> str:
-    _expect(isinstance(value, str) and 0 < len(value) <= 4096, f"file path {value!r} is not a short string")
-    _expect("\x00" not in value and "\\" not in value, f"file path {value!r} has a NUL or backslash")
-    _expect(value.isascii() or _encodable(value), f"file path {value!r} is not valid UTF-8 text")
-    pure = PurePosixPath(value)
-    _expect(not pure.is_absolute(), f"file path {value!r} is absolute")
-    _expect(all(part not in ("", ".", "..") for part in value.split("/")), f"file path {value!r} leaves the cache dir")
+    _expect(
+        isinstance(value, str) and 0 < len(value) <= 4096, lambda: f"file path {value!r} is not a short string"
+    )
+    _expect("\x00" not in value and "\\" not in value, lambda: f"file path {value!r} has a NUL or backslash")
+    _expect(value.isascii() or _encodable(value), lambda: f"file path {value!r} is not valid UTF-8 text")
+    _expect(not value.startswith("/"), lambda: f"file path {value!r} is absolute")
+    _expect(
+        all(part not in ("", ".", "..") for part in value.split("/")),
+        lambda: f"file path {value!r} leaves the cache dir",
+    )
     return value
 
 
@@ -211,12 +217,34 @@ def _encodable(text: str) -> bool:
     return True
 
 
+_BAD_SEGMENTS = frozenset(("", ".", ".."))
+
+
 def _file_record(value: Any) -> FileRecord:
-    _expect(isinstance(value, dict), f"file record {value!r} is not an object")
+    # Fast path, one expression for a well-formed record (a 10,000-file marker is parsed on every
+    # warm start); anything it does not accept goes through the checks below for their message.
+    if type(value) is dict:
+        path, size, digest = value.get("path"), value.get("bytes"), value.get("digest")
+        if (
+            type(path) is str
+            and 0 < len(path) <= 4096
+            and path.isascii()
+            and "\x00" not in path
+            and "\\" not in path
+            and not path.startswith("/")
+            and _BAD_SEGMENTS.isdisjoint(path.split("/"))
+            and _is_int(size, 0, _MAX_FILE_BYTES)
+            and type(digest) is str
+            and _HEX_DIGEST.fullmatch(digest)
+        ):
+            return FileRecord(path, size, digest)
+    _expect(isinstance(value, dict), lambda: f"file record {value!r} is not an object")
     size, digest = value.get("bytes"), value.get("digest")
     path = _safe_relative_path(value.get("path"))
-    _expect(_is_int(size, 0, _MAX_FILE_BYTES), f"file {path}: size {size!r} is not a sane byte count")
-    _expect(isinstance(digest, str) and _HEX_DIGEST.fullmatch(digest) is not None, f"file {path}: bad digest")
+    _expect(_is_int(size, 0, _MAX_FILE_BYTES), lambda: f"file {path}: size {size!r} is not a sane byte count")
+    _expect(
+        isinstance(digest, str) and _HEX_DIGEST.fullmatch(digest) is not None, lambda: f"file {path}: bad digest"
+    )
     return FileRecord(path, size, digest)
 
 
@@ -224,14 +252,25 @@ _TORCH_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.
 
 
 def _weight_spec(key: str, value: Any) -> tuple[tuple[int, ...], torch.dtype]:
-    _expect(isinstance(value, list) and len(value) == 2, f"weight {key!r}: spec is not [shape, dtype]")
+    if type(value) is list and len(value) == 2:  # fast path, as in _file_record
+        shape, dtype = value
+        if (
+            type(shape) is list
+            and len(shape) <= 16
+            and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+            and type(dtype) is str
+            and dtype in _TORCH_DTYPES
+            and math.prod(shape) <= _MAX_ELEMENTS
+        ):
+            return tuple(shape), _TORCH_DTYPES[dtype]
+    _expect(isinstance(value, list) and len(value) == 2, lambda: f"weight {key!r}: spec is not [shape, dtype]")
     shape, dtype = value
     _expect(
         isinstance(shape, list) and len(shape) <= 16 and all(_is_int(d, 0, _MAX_DIM) for d in shape),
-        f"weight {key!r}: shape {shape!r} is not a list of sane dimensions",
+        lambda: f"weight {key!r}: shape {shape!r} is not a list of sane dimensions",
     )
-    _expect(isinstance(dtype, str) and dtype in _TORCH_DTYPES, f"weight {key!r}: unknown dtype {dtype!r}")
-    _expect(math.prod(shape) <= _MAX_ELEMENTS, f"weight {key!r}: shape {shape!r} has too many elements")
+    _expect(isinstance(dtype, str) and dtype in _TORCH_DTYPES, lambda: f"weight {key!r}: unknown dtype {dtype!r}")
+    _expect(math.prod(shape) <= _MAX_ELEMENTS, lambda: f"weight {key!r}: shape {shape!r} has too many elements")
     return tuple(shape), _TORCH_DTYPES[dtype]
 
 
@@ -376,9 +415,10 @@ def _cold(reason: str) -> CacheStatus:
     return CacheStatus(False, reason)
 
 
-def _stat_mismatch(root: str, record: FileRecord) -> str | None:
+def _stat_mismatch(root: str, record: FileRecord, dir_fd: int | None = None) -> str | None:
     try:
-        info = os.stat(os.path.join(root, record.path))
+        # relative to an open fd of the cache dir: a shorter lookup per file, ~15% faster on 10,000
+        info = os.stat(record.path, dir_fd=dir_fd) if dir_fd is not None else os.stat(os.path.join(root, record.path))
     except OSError as error:
         return f"{record.path} is missing ({error.strerror})"
     if not S_ISREG(info.st_mode):
@@ -433,10 +473,17 @@ def weight_cache_status(
         if not passed:
             return _cold(reason)
     root = os.fspath(cache_path)
-    for record in marker.files:
-        problem = _stat_mismatch(root, record)
-        if problem:
-            return _cold(f"tensorbin {problem}")
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        return _cold(f"cannot open cache dir {root}: {error.strerror}")
+    try:
+        for record in marker.files:
+            problem = _stat_mismatch(root, record, dir_fd)
+            if problem:
+                return _cold(f"tensorbin {problem}")
+    finally:
+        os.close(dir_fd)
     if marker.host_sidecar is not None:
         problem = _stat_mismatch(root, marker.host_sidecar)
         if problem:
