@@ -116,6 +116,7 @@ _SCOPE_FLAGS: Final[dict[str, bool]] = dict(
 _ARTIFACT_NAMES: Final = ("finalHidden", "summaryHidden", "inputPositions")
 _MANIFEST_MAX_BYTES: Final = 1 << 20
 _PROOF_CACHE_ENTRIES: Final = 8_192
+_PROOF_CACHE_BYTES: Final = 64 << 20
 _LEGACY_INDEX_ROOTS: Final = 16
 _RACY_WINDOW_NS: Final = 2_000_000_000
 _PARTIAL_SUFFIX: Final = ".partial"
@@ -518,6 +519,15 @@ class _ObjectPaths:
             ),
         )
 
+    @functools.cached_property
+    def artifact_names(self) -> tuple[str, ...]:
+        return tuple(map(str, self.artifacts))
+
+    @functools.cached_property
+    def stamped_names(self) -> tuple[str, ...]:
+        """The files whose stamps make up a validation proof: manifest first."""
+        return (str(self.manifest), *self.artifact_names)
+
     @property
     def partials(self) -> tuple[Path, ...]:
         return tuple(path.with_name(path.name + _PARTIAL_SUFFIX) for path in self.artifacts)
@@ -534,71 +544,92 @@ class _Stamp(NamedTuple):
     ctime_ns: int
 
 
-def _stamp(path: Path) -> _Stamp | None:
+def _stamp(path: Path | str) -> _Stamp | None:
     try:
         observed = os.stat(path)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(observed.st_mode):
         return None
-    return _Stamp(
-        observed.st_dev,
-        observed.st_ino,
-        observed.st_mode,
-        observed.st_size,
-        observed.st_mtime_ns,
-        observed.st_ctime_ns,
-    )
+    return tuple.__new__(_Stamp, (  # the fast path of NamedTuple construction: lookups are hot
+        observed.st_dev, observed.st_ino, observed.st_mode,
+        observed.st_size, observed.st_mtime_ns, observed.st_ctime_ns,
+    ))
 
 
-def _object_stamps(paths: _ObjectPaths) -> tuple[_Stamp, ...] | None:
-    """Stamps of the manifest and the three artifacts, or None if any is not a regular file."""
-    stamps = tuple(_stamp(path) for path in (paths.manifest, *paths.artifacts))
-    return None if None in stamps else stamps  # type: ignore[return-value]
+def _object_stamps(paths: _ObjectPaths) -> tuple[_Stamp | None, ...]:
+    """Stamps of the manifest and the three artifacts (None where not a regular file)."""
+    return tuple(map(_stamp, paths.stamped_names))
+
+
+class _Small(NamedTuple):
+    """The validated small artifacts of an object (templates: callers get clones)."""
+
+    final_hidden: torch.Tensor
+    input_positions: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.final_hidden.nbytes + self.input_positions.nbytes
 
 
 class _ProofCache:
-    """Bounded LRU of validated objects: (manifest path, authority sha) -> file stamps.
+    """Bounded LRU of validated objects: (manifest path, authority sha) -> (file stamps, the
+    small artifacts as tensors).
 
     A hit means "these exact files were fully hashed and matched", so a hot object costs four
-    ``stat`` calls instead of a re-hash. Reset in a forked child (its lock may be mid-use)."""
+    ``stat`` calls and one ``mmap`` instead of a re-hash. The few KiB of the final hidden state
+    and input position ride along with the proof (bounded in total) so a hit maps one file, not
+    three. Reset in a forked child (its lock may be mid-use)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
+        self.byte_budget = byte_budget
         self._lock = threading.Lock()
-        self._proofs: OrderedDict[tuple[Path, str], tuple[_Stamp, ...]] = OrderedDict()
+        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[_Stamp | None, ...], _Small]] = OrderedDict()
+        self._bytes = 0
 
-    def holds(self, key: tuple[Path, str], stamps: tuple[_Stamp, ...] | None) -> bool:
+    def holds(self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...]) -> _Small | None:
+        """The small artifacts if ``key`` is proven for exactly these stamps, else None."""
         with self._lock:
-            proven = self._proofs.get(key)
-            if proven is not None and proven == stamps:
-                self._proofs.move_to_end(key)
-                return True
-            if proven is not None:
-                del self._proofs[key]
-            return False
+            proof = self._proofs.get(key)
+            if proof is None:
+                return None
+            if proof[0] != stamps:
+                self._drop(key)
+                return None
+            self._proofs.move_to_end(key)
+            return proof[1]
 
-    def remember(self, key: tuple[Path, str], stamps: tuple[_Stamp, ...], started_ns: int) -> None:
+    def remember(
+        self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...], small: _Small, started_ns: int
+    ) -> None:
         """Keep a proof unless a file changed so recently that its stamp may not show a rewrite."""
-        newest_change = max(max(s.mtime_ns, s.ctime_ns) for s in stamps)
+        newest_change = max(max(s.mtime_ns, s.ctime_ns) for s in stamps if s is not None)
         if newest_change > started_ns - _RACY_WINDOW_NS:
             return
         with self._lock:
-            self._proofs[key] = stamps
-            self._proofs.move_to_end(key)
-            while len(self._proofs) > self.capacity:
-                self._proofs.popitem(last=False)
+            if key in self._proofs:
+                self._drop(key)
+            self._proofs[key] = (stamps, small)
+            self._bytes += small.nbytes
+            while len(self._proofs) > self.capacity or self._bytes > self.byte_budget:
+                self._drop(next(iter(self._proofs)))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self._bytes -= self._proofs.pop(key)[1].nbytes
 
     def clear(self) -> None:
         with self._lock:
             self._proofs.clear()
+            self._bytes = 0
 
     def reset_after_fork(self) -> None:
         self._lock = threading.Lock()
-        self._proofs = OrderedDict()
+        self.clear()
 
 
-_PROOFS = _ProofCache(_PROOF_CACHE_ENTRIES)
+_PROOFS = _ProofCache(_PROOF_CACHE_ENTRIES, _PROOF_CACHE_BYTES)
 os.register_at_fork(after_in_child=_PROOFS.reset_after_fork)
 
 
@@ -738,7 +769,10 @@ class FrozenBackboneFeatureSidecar:
         self._elements = (hidden, positions * hidden, 1)
         self._shapes = ((1, 1, hidden), (1, positions, hidden), (1,))
         self._artifact_dtypes = (authority.feature_dtype, authority.feature_dtype, "int64")
+        self._torch_dtypes = (self._dtype, self._dtype, torch.long)
         self._identity_rows = authority.digest_tensors_boundary()
+        self._identity_template = torch.stack(self._identity_rows)  # [3, 1, 32]
+        self._summary_mask = torch.ones((1, positions), dtype=torch.bool)
 
     def __repr__(self) -> str:
         return f"FrozenBackboneFeatureSidecar({self.paths.root})"
@@ -764,51 +798,65 @@ class FrozenBackboneFeatureSidecar:
         return None
 
     def _lookup(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket | None:
-        if _stamp(paths.manifest) is None:
+        """The object at ``paths``: None without a manifest, else validated (or proven) and mapped."""
+        stamps = _object_stamps(paths)
+        if stamps[0] is None:
             return None
-        self._validate(paths)
-        return self._map(paths)
-
-    def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
-        """Memory-map the three artifacts as one packet row (no copy, no hashing)."""
-        dtypes = (self._dtype, self._dtype, torch.long)
-        final_t, summary_t, positions_t = (
-            torch.from_file(str(path), shared=False, size=count, dtype=dtype).reshape(shape)
-            for path, count, dtype, shape in zip(
-                paths.artifacts, self._elements, dtypes, self._shapes, strict=True
-            )
-        )
-        summary_rows = torch.ones(summary_t.shape[:2], dtype=torch.bool)
-        identity = (row.clone() for row in self._identity_rows)
-        packet = FrozenBackbonePrefillPacket(final_t, summary_t, summary_rows, positions_t, *identity)
-        packet.validate_boundary()
-        return packet
-
-    def _validate(self, paths: _ObjectPaths) -> None:
-        """Prove the object at ``paths`` is exactly this authority's, or raise."""
-        key = (paths.manifest, self.authority_sha256)
-        before = _object_stamps(paths)
-        if _PROOFS.holds(key, before):
-            return
+        key = (paths.stamped_names[0], self.authority_sha256)
+        small = _PROOFS.holds(key, stamps)
+        if small is not None:
+            return self._map_proven(paths, small)
         try:
-            self._validate_fully(paths, key, before)
+            return self._validate_and_map(paths, key, stamps)
         except (OSError, RecursionError) as error:  # a file vanished or is unreadable
             raise FrozenBackboneCacheError(f"cannot validate {paths.root}: {error!r}") from error
 
-    def _validate_fully(
-        self, paths: _ObjectPaths, key: tuple[Path, str], before: tuple[_Stamp, ...] | None
-    ) -> None:
+    def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
+        """Memory-map the three artifacts as one packet row (no copy, no hashing, no checks:
+        only called on content proven to be what :meth:`store_boundary` validated)."""
+        final_t, summary_t, positions_t = (
+            torch.from_file(name, shared=False, size=count, dtype=dtype).reshape(shape)
+            for name, count, dtype, shape in zip(
+                paths.artifact_names, self._elements, self._torch_dtypes, self._shapes, strict=True
+            )
+        )
+        return FrozenBackbonePrefillPacket(
+            final_t, summary_t, self._summary_mask.clone(), positions_t,
+            *self._identity_template.clone().unbind(0),
+        )
+
+    def _map_proven(self, paths: _ObjectPaths, small: _Small) -> FrozenBackbonePrefillPacket:
+        """Like :meth:`_map` for a proven object: map the summary, clone the small artifacts from
+        the proof (private copies, so callers never share memory)."""
+        summary_t = torch.from_file(
+            paths.artifact_names[1], shared=False, size=self._elements[1], dtype=self._dtype
+        ).view(self._shapes[1])
+        return FrozenBackbonePrefillPacket(
+            small.final_hidden.clone(),
+            summary_t,
+            self._summary_mask.clone(),
+            small.input_positions.clone(),
+            *self._identity_template.clone().unbind(0),
+        )
+
+    def _validate_and_map(
+        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[_Stamp | None, ...]
+    ) -> FrozenBackbonePrefillPacket:
+        """Check everything, map, and check that nothing changed meanwhile; remember the proof."""
         started_ns = time.time_ns()
-        _expect(before is not None, paths, "an artifact is missing or not a regular file")
+        _expect(None not in before, paths, "an artifact is missing or not a regular file")
         manifest, _ = _read_json_object(paths.manifest, "manifest")
         self._check_manifest_header(paths, manifest)
         artifacts = _str_keyed(manifest.get("artifacts"))
         _expect(artifacts is not None, paths, "manifest has no artifacts object")
         for index, name in enumerate(_ARTIFACT_NAMES):
             self._check_artifact(paths, index, name, artifacts.get(name))
-        after = _object_stamps(paths)
-        _expect(after == before, paths, "files changed while they were being validated")
-        _PROOFS.remember(key, after, started_ns)
+        packet = self._map(paths)
+        _expect(int(packet.input_positions_t[0]) > 0, paths, "input position is not positive")
+        _expect(_object_stamps(paths) == before, paths, "files changed while they were being validated")
+        small = _Small(packet.final_hidden_t.clone(), packet.input_positions_t.clone())
+        _PROOFS.remember(key, before, small, started_ns)
+        return packet
 
     def _check_manifest_header(self, paths: _ObjectPaths, manifest: dict[str, object]) -> None:
         stored = _str_keyed(manifest.get("authority"))
