@@ -692,8 +692,10 @@ def _legacy_entry(manifest_path: Path) -> str | None:
 
 
 class _LegacyIndex:
-    """Per resolved root: normalized authority sha -> legacy manifest paths. Built once per
-    process and root (legacy objects are never written any more), bounded to a few roots."""
+    """Per resolved root: normalized authority sha -> legacy manifest paths.
+
+    Built on the first miss of a process under a root, by reading every manifest once (legacy
+    objects are never written any more, so it never goes stale); bounded to a few roots."""
 
     def __init__(self, roots: int) -> None:
         self.roots = roots
@@ -1054,7 +1056,6 @@ class FrozenBackboneFeatureSidecar:
 
         If the object already exists (and checks out) it is returned untouched."""
         self._check_packet(packet)
-        new_root = not self.paths.root.is_dir()
         self.paths.root.mkdir(parents=True, exist_ok=True)
         with file_lock(self.paths.lock):
             existing = self._existing_or_retract()
@@ -1070,8 +1071,7 @@ class FrozenBackboneFeatureSidecar:
             self._promote()
             atomic_write_bytes(self.paths.manifest, self._manifest_bytes(staged))
             self.paths.progress.unlink(missing_ok=True)
-            if new_root:  # make the new directory entries themselves durable
-                fsync_dirs(self.paths.root.parents[index] for index in range(3))
+            fsync_dirs(self.paths.root.parents[index] for index in range(3))  # the object's own entry
             return self._map(self.paths)
 
     def _record_partials(self, staged: _StagedObject) -> None:

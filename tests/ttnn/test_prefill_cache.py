@@ -343,6 +343,22 @@ def test_no_proof_is_kept_for_files_changed_within_the_racy_window(tmp_path, has
     assert len(hash_calls) == 6
 
 
+def test_proof_cache_is_bounded_by_entries_and_bytes():
+    stamp = pc._Stamp(1, 2, 0o100644, 3, 0, 0)
+    small = pc._Small(torch.zeros(256, dtype=torch.float32), torch.ones(1, dtype=torch.long))  # 1032 B
+    proofs = pc._ProofCache(capacity=3, byte_budget=2 * small.nbytes)
+    for index in range(3):
+        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
+    assert proofs.holds(("m0", "a"), (stamp,)) is None  # evicted by the byte budget
+    assert proofs.holds(("m2", "a"), (stamp,)) is small
+    assert proofs.holds(("m2", "a"), (stamp._replace(ctime_ns=1),)) is None  # changed: dropped
+    assert proofs.holds(("m2", "a"), (stamp,)) is None
+    proofs = pc._ProofCache(capacity=2, byte_budget=1 << 30)
+    for index in range(3):
+        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
+    assert [proofs.holds((f"m{i}", "a"), (stamp,)) is not None for i in range(3)] == [False, True, True]
+
+
 # ---------------------------------------------------------------------------------------------
 # Legacy objects
 # ---------------------------------------------------------------------------------------------
