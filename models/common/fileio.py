@@ -49,6 +49,23 @@ def is_temp_path(path: Path) -> bool:
     return name.startswith(".") and TEMP_MARK in name
 
 
+def temp_writer_alive(path: Path) -> bool:
+    """Whether the process that made a :func:`unique_temp_path` temp file still runs (a temp file
+    of a dead writer is debris, safe to delete)."""
+    name = Path(path).name
+    try:
+        pid = int(name.split(TEMP_MARK, 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
