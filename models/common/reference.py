@@ -74,6 +74,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         inv_freq = torch.where(medium, smoothed, scaled)
     elif kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
+    elif kind == "proportional":  # gemma4's global layers: the first frequencies rotate, the rest do not
+        rotated = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv_freq = torch.cat([inv_freq[:rotated], torch.zeros(head_dim // 2 - rotated, dtype=inv_freq.dtype)])
+        inv_freq = inv_freq / scaling.get("factor", 1.0)
     elif kind != "default":
         raise NotImplementedError(f"rope_type {kind!r} is not in the reference forward")
     return inv_freq.float()
@@ -86,6 +90,22 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def causal_mask(length: int, window: int | None = None) -> torch.Tensor:
+    """``[T, T]`` bool, True where a query may attend a key (causal; within ``window`` if given)."""
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    if window:
+        mask &= ~torch.ones_like(mask).tril(-window)
+    return mask
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention of ``[T, heads, d]`` queries over keys/values already matched per head;
+    returns ``[T, heads * d]``."""
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(q.shape[0], -1)
 
 
 class ReferenceDecoder:
@@ -135,10 +155,7 @@ class ReferenceDecoder:
         per_q = a.n_heads // self.cols
         kv_of_column = kv_heads_per_column(a.n_kv_heads, self.cols)
         group = a.n_heads // a.n_kv_heads
-        mask = torch.ones(x.shape[0], x.shape[0], dtype=torch.bool).tril()
-        if sliding and self.text_config.get("sliding_window"):
-            window = self.text_config["sliding_window"]
-            mask &= ~torch.ones_like(mask).tril(-window)
+        mask = causal_mask(x.shape[0], self.text_config.get("sliding_window") if sliding else None)
         out = torch.zeros_like(x)
         for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
             kv_heads = kv_of_column[c]
@@ -149,11 +166,7 @@ class ReferenceDecoder:
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
             q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
             local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
-            k, v = k[:, local], v[:, local]
-            scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-            scores = scores.masked_fill(~mask, float("-inf"))
-            heads = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-            out += heads.reshape(x.shape[0], -1) @ wo
+            out += attend(q, k[:, local], v[:, local], mask, scale) @ wo
         return out
 
     def mlp(self, x: torch.Tensor, layer: int) -> torch.Tensor:
@@ -166,18 +179,25 @@ class ReferenceDecoder:
         return out
 
     def moe(self, x: torch.Tensor, p: str) -> torch.Tensor:
-        a = self.args
+        return self.experts(x, p, *self.route(x, p))
+
+    def route(self, x: torch.Tensor, p: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights, experts)`` ``[T, top_k]`` of each token: softmax router, top-k (renormalized)."""
         probs = (x @ self.w.full(p + "gate")).softmax(-1)
-        top, chosen = probs.topk(a.num_experts_per_tok, dim=-1)
-        if a.norm_topk_prob:
+        top, chosen = probs.topk(self.args.num_experts_per_tok, dim=-1)
+        if self.args.norm_topk_prob:
             top = top / top.sum(-1, keepdim=True)
+        return top, chosen
+
+    def experts(self, x: torch.Tensor, p: str, top: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The weighted sum of the chosen experts' gated MLPs (stacked ``experts.w1/w3/w2``)."""
         w1, w3, w2 = (self.w.full(f"{p}experts.{n}") for n in ("w1", "w3", "w2"))
         out = torch.zeros_like(x)
-        for slot in range(a.num_experts_per_tok):
+        for slot in range(chosen.shape[-1]):
             for expert in chosen[:, slot].unique().tolist():
                 rows = chosen[:, slot] == expert
                 h = x[rows]
-                y = (F.silu(h @ w1[expert]) * (h @ w3[expert])) @ w2[expert]
+                y = (self._activation(h @ w1[expert]) * (h @ w3[expert])) @ w2[expert]
                 out[rows] += top[rows, slot, None] * y
         return out
 
@@ -189,14 +209,17 @@ class ReferenceDecoder:
 
     def logits(self, tokens: Sequence[int]) -> torch.Tensor:
         """``[T, vocab]`` logits of a prompt."""
-        a = self.args
-        x = self.embed(torch.as_tensor(list(tokens)))
-        for layer in range(a.n_layers):
-            x = self.block(x, layer)
-        x = rms_norm(x, self.w.vector("norm"), a.norm_eps)
+        x = rms_norm(self.hidden_states(torch.as_tensor(list(tokens))), self.w.vector("norm"), self.args.norm_eps)
         logits = torch.cat([x @ head for head in self.w.columns("output")], dim=-1)
         cap = self.text_config.get("final_logit_softcapping")
         return torch.tanh(logits / cap) * cap if cap else logits
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the last layer (hook: gemma4 threads per-layer inputs through)."""
+        x = self.embed(tokens)
+        for layer in range(self.args.n_layers):
+            x = self.block(x, layer)
+        return x
 
     def block(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         a, p = self.args, f"layers.{layer}."

@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Gemma 4 loader end to end: real tiny checkpoints (transformers' own classes), real tensorbins.
+
+The layout proof is the host forward of :mod:`models.gemma.gemma4_reference`, which reads every
+weight back from the cached ttnn tensors and must reproduce transformers' logits. Three text
+variants, each with per-layer input embeddings on: KV-shared layers (with the double-wide MLP),
+``attention_k_eq_v`` (one KV head on the wider global layers), and the MoE block; plus a
+text + vision checkpoint (``Gemma4ForConditionalGeneration``) for the component rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from models.common.checkpoint import CheckpointError
+from models.common.loader import LoadedModel
+from models.common.tensor_cache import host_shards
+from models.common.weight_cache import DEFAULT_FORCE_ENV, host_sidecar_path, read_marker
+from models.gemma import Gemma4Loader
+from models.gemma.gemma4_reference import Gemma4Reference
+from tests.ttnn.tiny_models import hf_greedy, hf_logits
+
+PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+TINY_TEXT = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, global_head_dim=64, sliding_window=4, layer_types=LAYER_TYPES,
+                 vocab_size_per_layer_input=512, hidden_size_per_layer_input=32, max_position_embeddings=256,
+                 final_logit_softcapping=30.0)
+VARIANTS = {
+    "kv_shared": dict(num_kv_shared_layers=2, use_double_wide_mlp=True),
+    "k_eq_v": dict(attention_k_eq_v=True, num_global_key_value_heads=1),
+    "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64),
+}
+TINY_VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=32, pooling_kernel_size=2, patch_size=4, position_embedding_size=32,
+                   use_clipped_linears=True, standardize=True)
+VISION_LINEARS = ["attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                  "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
+CLIP_BOUNDS = ["input_min", "input_max", "output_min", "output_max"]
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """Larger-than-default random weights, norms and scalars off their init value, finite clip
+    bounds: so every weight (and every misplaced one) shows in the logits or the sidecar."""
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.dtype.is_floating_point:
+                continue
+            if tensor.dim() >= 2:
+                tensor.normal_(0.0, 0.08)
+            elif tensor.dim() == 1:
+                tensor.add_(torch.randn_like(tensor) * 0.1)
+            else:  # clipped linears' bounds
+                tensor.fill_((-1 if name.endswith("_min") else 1) * (8.0 + torch.rand(()).item()))
+
+
+def save(model: torch.nn.Module, directory: Path) -> Path:
+    randomize(model)
+    model.to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def make_text_checkpoint(directory: Path, variant: str, seed: int = 0) -> Path:
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    torch.manual_seed(seed)
+    return save(Gemma4ForCausalLM(Gemma4TextConfig(**TINY_TEXT, **VARIANTS[variant])), directory)
+
+
+def make_multimodal_checkpoint(directory: Path, seed: int = 0) -> Path:
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig
+
+    torch.manual_seed(seed)
+    text = Gemma4TextConfig(**TINY_TEXT, **VARIANTS["kv_shared"])
+    config = Gemma4Config(text_config=text, vision_config=Gemma4VisionConfig(**TINY_VISION), audio_config=None)
+    return save(Gemma4ForConditionalGeneration(config), directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gemma4")
+    made = {variant: make_text_checkpoint(root / f"tiny-gemma4-{variant}", variant) for variant in VARIANTS}
+    made["multimodal"] = make_multimodal_checkpoint(root / "tiny-gemma4-multimodal")
+    return made
+
+
+@pytest.fixture(scope="module")
+def reference_logits(checkpoints) -> dict[str, torch.Tensor]:
+    return {name: hf_logits(path, PROMPT) for name, path in checkpoints.items()}
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "tt-cache"
+    monkeypatch.setenv("TT_CACHE_PATH", str(root))
+    monkeypatch.delenv(DEFAULT_FORCE_ENV, raising=False)
+    return root
+
+
+def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1].item()
+
+
+def tensors_of(loaded: LoadedModel) -> dict[str, list[torch.Tensor]]:
+    return {name: host_shards(t) for name, t in loaded.weights.items()}
+
+
+def sidecar_keys(loader: Gemma4Loader) -> set[str]:
+    with safe_open(host_sidecar_path(loader.cache_dir, loader.build_variant), framework="pt") as reader:
+        return set(reader.keys())
+
+
+def text_host_keys(n_layers: int = 4) -> set[str]:
+    return {"tok_embeddings.weight", "tok_embeddings_per_layer.weight"} | {
+        f"layers.{i}.layer_scalar" for i in range(n_layers)}
+
+
+def vision_host_keys(n_layers: int = 2) -> set[str]:
+    return {f"vision.layers.{j}.{linear}.{bound}"
+            for j in range(n_layers) for linear in VISION_LINEARS for bound in CLIP_BOUNDS}
+
+
+def checkpoint_tensor(checkpoint: Path, name: str) -> torch.Tensor:
+    with safe_open(checkpoint / "model.safetensors", framework="pt") as reader:
+        return reader.get_tensor(name)
+
+
+# -- text parity ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("mesh", [(1, 1), (1, 2)])
+def test_bfloat16_cache_reproduces_transformers_logits(variant, mesh, checkpoints, reference_logits, cache_root):
+    loaded = Gemma4Loader(checkpoints[variant], mesh_shape=mesh, precision="bfloat16").load()
+    assert not loaded.warm and loaded.weights and "tok_embeddings_per_layer.weight" in loaded.host_weights
+    logits = Gemma4Reference(loaded).logits(PROMPT)
+    expected = reference_logits[variant]
+    assert (logits - expected).abs().max().item() < 1e-3  # same bf16 weights, fp32 math either side
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("mesh", [(1, 1), (1, 2)])
+def test_bfloat8_b_cache_logits_pcc(variant, mesh, checkpoints, reference_logits, cache_root):
+    loaded = Gemma4Loader(checkpoints[variant], mesh_shape=mesh, precision="bfloat8_b").load()
+    assert pcc(Gemma4Reference(loaded).logits(PROMPT), reference_logits[variant]) >= 0.99
+
+
+@pytest.mark.parametrize("variant", ["kv_shared", "moe"])
+def test_bfloat16_warm_cache_greedy_matches_transformers(variant, checkpoints, cache_root):
+    Gemma4Loader(checkpoints[variant], mesh_shape=(1, 2), precision="bfloat16").load()
+    warm = Gemma4Loader(checkpoints[variant], mesh_shape=(1, 2), precision="bfloat16").load()
+    assert warm.warm
+    assert Gemma4Reference(warm).greedy(PROMPT, 4) == hf_greedy(checkpoints[variant], PROMPT, 4)
+
+
+def test_variants_lay_out_what_their_layers_have(checkpoints, cache_root):
+    """KV-shared layers hold queries only; k_eq_v global layers hold q|k, their sliding ones q|k|v;
+    the MoE block sits beside the dense MLP with experts stacked ``[experts, in, out]``."""
+    shared = Gemma4Loader(checkpoints["kv_shared"], precision="bfloat16").load().weights
+    assert {n.split(".")[-1] for n in shared if re.match(r"layers\.[23]\.attention\.w", n)} == {"wq", "wo"}
+    assert "layers.2.attention.k_norm" not in shared and "layers.1.attention.k_norm" in shared
+    k_eq_v = Gemma4Loader(checkpoints["k_eq_v"], precision="bfloat16").load().weights
+    assert tuple(k_eq_v["layers.1.attention.wqk"].shape) == (128, 4 * 64 + 64)  # 4 q heads + 1 k head of 64
+    assert tuple(k_eq_v["layers.0.attention.wqkv"].shape) == (128, 4 * 32 + 2 * 2 * 32)
+    moe = Gemma4Loader(checkpoints["moe"], precision="bfloat16").load().weights
+    assert tuple(moe["layers.0.moe.experts.w1"].shape) == (4, 128, 64)
+    assert tuple(moe["layers.0.moe.experts.w2"].shape) == (4, 64, 128)
+    assert "layers.0.feed_forward.w1" in moe
+
+
+# -- text + vision ----------------------------------------------------------------------------
+
+
+def test_text_of_a_multimodal_checkpoint_reproduces_transformers(checkpoints, reference_logits, cache_root):
+    loaded = Gemma4Loader(checkpoints["multimodal"], mesh_shape=(1, 2), precision="bfloat16",
+                          components={"text", "vision"}).load()
+    assert "vision.projector" in loaded.weights
+    logits = Gemma4Reference(loaded).logits(PROMPT)
+    assert (logits - reference_logits["multimodal"]).abs().max().item() < 1e-3
+
+
+def test_vision_tower_layout_matches_the_checkpoint(checkpoints, cache_root):
+    """Linear weights ``[in, out]``, norms ``[1, 1, n/32, 32]``, embeddings as they are."""
+    checkpoint = checkpoints["multimodal"]
+    loaded = Gemma4Loader(checkpoint, precision="bfloat16", components={"text", "vision"}).load()
+    read = lambda name: host_shards(loaded.weights[name])[0].float()  # noqa: E731
+    tower = "model.vision_tower."
+    pairs = {
+        "vision.layers.1.attention.wk": tower + "encoder.layers.1.self_attn.k_proj.linear.weight",
+        "vision.layers.0.feed_forward.w3": tower + "encoder.layers.0.mlp.up_proj.linear.weight",
+        "vision.patch_embedding": tower + "patch_embedder.input_proj.weight",
+        "vision.projector": "model.embed_vision.embedding_projection.weight",
+    }
+    for name, source in pairs.items():
+        assert torch.equal(read(name), checkpoint_tensor(checkpoint, source).float().T), name
+    norm = checkpoint_tensor(checkpoint, tower + "encoder.layers.1.post_feedforward_layernorm.weight")
+    assert torch.equal(read("vision.layers.1.post_ffn_norm").reshape(-1), norm.float())
+    table = checkpoint_tensor(checkpoint, tower + "patch_embedder.position_embedding_table")
+    assert torch.equal(read("vision.position_embedding"), table.float())
+    assert torch.equal(read("vision.std_scale").reshape(-1), checkpoint_tensor(checkpoint, tower + "std_scale").float())
+
+
+def test_warm_text_vision_build_is_bit_identical_to_cold(checkpoints, cache_root):
+    options = dict(mesh_shape=(1, 2), precision="bfloat8_b", components={"text", "vision"})
+    cold = Gemma4Loader(checkpoints["multimodal"], **options).load()
+    warm = Gemma4Loader(checkpoints["multimodal"], **options).load()
+    assert not cold.warm and warm.warm
+    cold_tensors, warm_tensors = tensors_of(cold), tensors_of(warm)
+    assert cold_tensors.keys() == warm_tensors.keys()
+    assert any(name.startswith("vision.") for name in cold_tensors)
+    for name in cold_tensors:
+        assert all(torch.equal(a, b) for a, b in zip(cold_tensors[name], warm_tensors[name], strict=True)), name
+    assert cold.host_weights.keys() == warm.host_weights.keys()
+    for key in cold.host_weights:
+        assert torch.equal(cold.host_weights[key], warm.host_weights[key]), key
+
+
+def test_text_only_cache_never_satisfies_a_text_vision_build(checkpoints, cache_root):
+    text = Gemma4Loader(checkpoints["multimodal"], precision="bfloat16", components={"text"}).load()
+    assert not text.warm and not any(name.startswith("vision.") for name in text.weights)
+    both = Gemma4Loader(checkpoints["multimodal"], precision="bfloat16", components={"text", "vision"})
+    assert not both.status().warm
+    built = both.load()
+    assert not built.warm and "vision.projector" in built.weights
+
+
+def test_text_vision_cache_satisfies_a_text_only_build(checkpoints, reference_logits, cache_root):
+    Gemma4Loader(checkpoints["multimodal"], precision="bfloat16", components={"text", "vision"}).load()
+    text = Gemma4Loader(checkpoints["multimodal"], precision="bfloat16", components={"text"}).load()
+    assert text.warm and not any(name.startswith("vision.") for name in text.weights)
+    assert (Gemma4Reference(text).logits(PROMPT) - reference_logits["multimodal"]).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("components", [("text",), ("text", "vision")])
+def test_sidecar_holds_exactly_the_host_consumed_weights(components, checkpoints, cache_root):
+    checkpoint = checkpoints["multimodal"]
+    loader = Gemma4Loader(checkpoint, precision="bfloat16", components=set(components))
+    loader.load()
+    expected = text_host_keys() | (vision_host_keys() if "vision" in components else set())
+    assert set(read_marker(loader.cache_dir, loader.build_variant).host_weights) == expected
+    assert sidecar_keys(loader) == expected
+    warm = Gemma4Loader(checkpoint, precision="bfloat16", components=set(components)).load()
+    assert warm.warm and set(warm.host_weights) == expected
+    # served real, the checkpoint's values
+    language = "model.language_model."
+    assert torch.equal(warm.host_weights["layers.3.layer_scalar"], checkpoint_tensor(checkpoint, language + "layers.3.layer_scalar"))
+    assert torch.equal(warm.host_weights["tok_embeddings_per_layer.weight"],
+                       checkpoint_tensor(checkpoint, language + "embed_tokens_per_layer.weight"))
+    if "vision" in components:
+        bound = "model.vision_tower.encoder.layers.1.mlp.down_proj.output_min"
+        assert warm.host_weights["vision.layers.1.feed_forward.w2.output_min"].item() == checkpoint_tensor(
+            checkpoint, bound).item() < -8
+
+
+def test_warm_build_reads_no_checkpoint_file(checkpoints, cache_root, tmp_path):
+    checkpoint = shutil.copytree(checkpoints["multimodal"], tmp_path / "tiny-gemma4-multimodal")
+    options = dict(mesh_shape=(1, 2), precision="bfloat16", components={"text", "vision"})
+    cold = Gemma4Loader(checkpoint, **options).load()
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.unlink()
+    warm = Gemma4Loader(checkpoint, **options).load()
+    assert warm.warm
+    assert torch.equal(Gemma4Reference(warm).logits(PROMPT), Gemma4Reference(cold).logits(PROMPT))
+    assert torch.equal(host_shards(warm.weights["vision.projector"])[0], host_shards(cold.weights["vision.projector"])[0])
+
+
+def test_vision_of_a_text_only_checkpoint(checkpoints, cache_root):
+    """Asked for, a missing tower is an error; by default a text-only checkpoint builds text."""
+    with pytest.raises(CheckpointError, match="vision"):
+        Gemma4Loader(checkpoints["kv_shared"], precision="bfloat16", components={"text", "vision"}).load()
+    loader = Gemma4Loader(checkpoints["kv_shared"], precision="bfloat16")
+    loader.load()
+    assert read_marker(loader.cache_dir, loader.build_variant).components == ("text",)
