@@ -519,6 +519,14 @@ class _ObjectPaths:
             ),
         )
 
+    # The design's names for the three artifacts, kept for callers that read them.
+    final_hidden = property(lambda self: self.artifacts[0])
+    summary_hidden = property(lambda self: self.artifacts[1])
+    input_positions = property(lambda self: self.artifacts[2])
+
+    def artifact_paths_boundary(self) -> tuple[Path, Path, Path]:
+        return self.artifacts
+
     @functools.cached_property
     def artifact_names(self) -> tuple[str, ...]:
         return tuple(map(str, self.artifacts))

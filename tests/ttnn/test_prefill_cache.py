@@ -193,6 +193,8 @@ def test_store_then_lookup_is_bit_exact_and_memory_mapped(tmp_path, dtype):
     )
     sha = sidecar.authority_sha256
     assert sidecar.paths.root == tmp_path.resolve() / "objects" / sha[:2] / sha
+    paths = sidecar.paths
+    assert paths.artifact_paths_boundary() == (paths.final_hidden, paths.summary_hidden, paths.input_positions)
     raw = (sidecar.paths.root / f"summary_hidden.{dtype}.bin").read_bytes()
     assert raw == bytes(features.summary_hidden_t.contiguous().view(torch.uint8).reshape(-1).numpy())
     manifest = json.loads(sidecar.paths.manifest.read_bytes())
