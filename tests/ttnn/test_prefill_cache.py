@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 
 import pytest
@@ -298,6 +299,27 @@ def test_batch_failure_before_renames_leaves_plain_misses(tmp_path, monkeypatch)
     assert all(sidecar.lookup_boundary() is None for sidecar, _ in rows)
     FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(rows))
     assert all(same_bytes(sidecar.lookup_boundary(), features) for sidecar, features in rows)
+
+
+def test_threads_storing_and_looking_up_the_same_objects(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(seed: int) -> None:
+        order = list(range(10))
+        random.Random(seed).shuffle(order)
+        if seed % 2:
+            FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(row(tmp_path, i) for i in order))
+        for index in order:
+            sidecar, features = row(tmp_path, index)
+            found = sidecar.lookup_boundary()
+            assert found is None or same_bytes(found, features)
+            assert same_bytes(sidecar.store_boundary(features), features)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))
+    for index in range(10):
+        sidecar, features = row(tmp_path, index)
+        assert same_bytes(sidecar.lookup_boundary(), features)
 
 
 # ---------------------------------------------------------------------------------------------
