@@ -61,8 +61,8 @@ class Gemma4Reference(ReferenceDecoder):
               shared: SharedKV | None = None) -> torch.Tensor:
         a, p = self.args, f"layers.{layer}."
         norm = lambda h, name: rms_norm(h, self.w.vector(p + name), a.norm_eps)  # noqa: E731
-        x = x + norm(self.attention(norm(x, "attention_norm"), layer, {} if shared is None else shared),
-                     "post_attention_norm")
+        shared = {} if shared is None else shared
+        x = x + norm(self.attention(norm(x, "attention_norm"), layer, shared), "post_attention_norm")
         h = self.mlp(norm(x, "ffn_norm"), layer)
         if self.w.has(p + "moe.gate"):
             routed = self.experts(norm(x, "ffn_norm_2"), p + "moe.", *self.route(x, p + "moe."))

@@ -53,10 +53,12 @@ def randomize(model: torch.nn.Module) -> None:
                 continue
             if tensor.dim() >= 2:
                 tensor.normal_(0.0, 0.08)
-            elif tensor.dim() == 1:
-                tensor.add_(torch.randn_like(tensor) * 0.1)
-            else:  # clipped linears' bounds
+            elif tensor.dim() == 0:  # clipped linears' bounds
                 tensor.fill_((-1 if name.endswith("_min") else 1) * (8.0 + torch.rand(()).item()))
+            elif tensor.numel() == 1:  # layer scalars: clearly off 1, also in bf16
+                tensor.uniform_(0.5, 1.5)
+            else:
+                tensor.add_(torch.randn_like(tensor) * 0.1)
 
 
 def save(model: torch.nn.Module, directory: Path) -> Path:
@@ -149,6 +151,15 @@ def test_bfloat16_cache_reproduces_transformers_logits(variant, mesh, checkpoint
 def test_bfloat8_b_cache_logits_pcc(variant, mesh, checkpoints, reference_logits, cache_root):
     loaded = Gemma4Loader(checkpoints[variant], mesh_shape=mesh, precision="bfloat8_b").load()
     assert pcc(Gemma4Reference(loaded).logits(PROMPT), reference_logits[variant]) >= 0.99
+
+
+def test_galaxy_mesh_2d_layout_reproduces_logits(checkpoints, reference_logits, cache_root):
+    """On (8, 4) the per-layer input gate and the MLPs split over rows too; the 4 experts do not
+    divide 32 devices and are replicated."""
+    loaded = Gemma4Loader(checkpoints["moe"], mesh_shape="TG", precision="bfloat16").load()
+    assert len(host_shards(loaded.weights["layers.0.per_layer_input_gate"])) == 32
+    logits = Gemma4Reference(loaded).logits(PROMPT)
+    assert (logits - reference_logits["moe"]).abs().max().item() < 1e-3
 
 
 @pytest.mark.parametrize("variant", ["kv_shared", "moe"])
@@ -249,7 +260,8 @@ def test_sidecar_holds_exactly_the_host_consumed_weights(components, checkpoints
     assert warm.warm and set(warm.host_weights) == expected
     # served real, the checkpoint's values
     language = "model.language_model."
-    assert torch.equal(warm.host_weights["layers.3.layer_scalar"], checkpoint_tensor(checkpoint, language + "layers.3.layer_scalar"))
+    scalar = checkpoint_tensor(checkpoint, language + "layers.3.layer_scalar")
+    assert torch.equal(warm.host_weights["layers.3.layer_scalar"], scalar) and scalar.item() != 1.0
     assert torch.equal(warm.host_weights["tok_embeddings_per_layer.weight"],
                        checkpoint_tensor(checkpoint, language + "embed_tokens_per_layer.weight"))
     if "vision" in components:
@@ -267,7 +279,8 @@ def test_warm_build_reads_no_checkpoint_file(checkpoints, cache_root, tmp_path):
     warm = Gemma4Loader(checkpoint, **options).load()
     assert warm.warm
     assert torch.equal(Gemma4Reference(warm).logits(PROMPT), Gemma4Reference(cold).logits(PROMPT))
-    assert torch.equal(host_shards(warm.weights["vision.projector"])[0], host_shards(cold.weights["vision.projector"])[0])
+    projector = [host_shards(loaded.weights["vision.projector"])[0] for loaded in (cold, warm)]
+    assert torch.equal(*projector)
 
 
 def test_vision_of_a_text_only_checkpoint(checkpoints, cache_root):
