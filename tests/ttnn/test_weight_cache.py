@@ -61,7 +61,7 @@ def as_tensor_prefix(cache, key: str) -> str:
         "meta-llama/Llama-2-7b-hf",
         "/data/checkpoints/Llama-2-7b-hf",
         "/data/checkpoints/Llama-2-7b-hf/",
-        "/root/.cache/huggingface/hub/models--meta-llama--Llama-2-7b-hf/snapshots/01c7f73d771dfac7d292323805ebc428287df4f9",
+        "/root/.cache/huggingface/hub/models--meta-llama--Llama-2-7b-hf/snapshots/01c7f73d771dfac7d29232380",
         "/hub/models--meta-llama--Llama-2-7b-hf/snapshots/01c7f73d771dfac7d292323805ebc428287df4f9/",
         Path("/data/checkpoints/Llama-2-7b-hf"),
     ],
@@ -74,9 +74,11 @@ def test_checkpoint_name_of_a_hub_snapshot_without_org() -> None:
     assert wc.checkpoint_name("/hub/models--gpt2/snapshots/abc123") == "gpt2"
 
 
-@pytest.mark.parametrize("mesh", [(1, 2), [1, 2], ttnn.MeshShape(1, 2)])
-def test_normalize_mesh_shape_encodes_every_spelling_alike(mesh) -> None:
-    assert wc.normalize_mesh_shape(mesh) == "(1, 2)"
+@pytest.mark.parametrize(
+    "make_mesh", [lambda: (1, 2), lambda: [1, 2], lambda: ttnn.MeshShape(1, 2)], ids=["tuple", "list", "MeshShape"]
+)
+def test_normalize_mesh_shape_encodes_every_spelling_alike(make_mesh) -> None:
+    assert wc.normalize_mesh_shape(make_mesh()) == "(1, 2)"
 
 
 def test_marker_path_differs_per_build_variant(tmp_path: Path) -> None:
@@ -487,7 +489,8 @@ def test_a_republished_sidecar_is_never_served_stale(seeded_cache) -> None:
     )
     changed = dict(seeded_cache.state_dict, **{"tok_embeddings.weight": torch.ones(96, 64, dtype=torch.bfloat16)})
     assert seeder.mark(seeded_cache.root, changed)
-    assert torch.equal(wc.load_host_sidecar(seeded_cache.root)["tok_embeddings.weight"], changed["tok_embeddings.weight"])
+    reloaded = wc.load_host_sidecar(seeded_cache.root)
+    assert torch.equal(reloaded["tok_embeddings.weight"], changed["tok_embeddings.weight"])
 
 
 def test_tied_host_weights_sharing_storage_can_be_marked(built_cache) -> None:

@@ -205,7 +205,9 @@ def test_marking_on_a_read_only_mount_warns_and_the_build_still_succeeds(
     assert not gate(view).warm
 
 
-def test_invalidating_on_a_read_only_mount_warns_and_keeps_the_marker(seeded_cache, readonly_view, captured_warnings) -> None:
+def test_invalidating_on_a_read_only_mount_warns_and_keeps_the_marker(
+    seeded_cache, readonly_view, captured_warnings
+) -> None:
     view = readonly_view(seeded_cache.root)
     wc.invalidate_weight_cache(view)
     assert "Could not withdraw" in captured_warnings()
