@@ -229,3 +229,25 @@ def test_deep_verify_names_a_same_size_corrupted_file(checkpoints, cache_root):
     victim.write_bytes(bytes(data))
     problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
     assert len(problems) == 1 and victim.name in problems[0]
+
+
+WARM_START_PROBE = """
+import sys
+from models.registry import loader_class
+loaded = loader_class(sys.argv[1])(sys.argv[2], precision="bfloat8_b").load()
+heavy = [m for m in ("transformers", "torch._dynamo", "torch.distributed.tensor", "sympy") if m in sys.modules]
+print("WARM" if loaded.warm else "COLD", ",".join(heavy) or "-")
+"""
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "gemma3"])
+def test_warm_start_process_imports_nothing_heavy(family, checkpoints, cache_root):
+    """A warm start pays only for torch + ttnn: no transformers, and no torch machinery that
+    arithmetic on placeholders would drag in (seconds of imports per start)."""
+    import subprocess
+    import sys
+
+    LOADERS[family](checkpoints[family], precision="bfloat8_b").load()
+    out = subprocess.run([sys.executable, "-c", WARM_START_PROBE, family, str(checkpoints[family])],
+                         env=dict(os.environ), capture_output=True, text=True)
+    assert out.stdout.split()[-2:] == ["WARM", "-"], out.stdout + out.stderr[-2000:]
