@@ -6,35 +6,34 @@ norms scale by ``w`` (not ``1 + w``: stored as is, bf16 exact), attention scalin
 weightless v-norm, a per-layer head_dim (``per_layer_config``: global layers are wider), and the
 optional variants below. Per layer ``i`` (``layers.i.`` prefix), as the device consumes them:
 
-==================================  =========================================  ====================
-weight                              host transform                             format
-==================================  =========================================  ====================
-``attention.wqkv``                  fused column-blocked q|k|v (shared          precision, TILE,
-                                    :func:`~models.common.decoder.fuse_qkv`)   column-parallel
-                                    with this layer's head_dim / KV heads
-``attention.wqk``                   ``attention_k_eq_v`` global layers: q|k;   same
-                                    the values are the keys before k-norm
-``attention.wq``                    KV-shared layers (``num_kv_shared_layers``):  same
-                                    queries only; K/V come from the last
-                                    unshared layer of the same type
-``attention.wo``                    ``[heads*head_dim, dim]``                  row-parallel
-``attention.{q,k}_norm``            ``[1, 1, head_dim/32, 32]`` (no k-norm on   bf16, ROW_MAJOR
-                                    KV-shared layers; the v-norm has no
-                                    weight)
-``attention_norm`` ...              input / post-attn / pre-FFN / post-FFN     bf16, ROW_MAJOR
-``feed_forward.w1/w3/w2``           dense gated MLP (double width on KV-shared  column / row-
-                                    layers with ``use_double_wide_mlp``)       parallel
-``moe.gate``                        router ``[dim, experts]``                  bf16, TILE
-``moe.router_norm``                 router RMSNorm weight ``scale/sqrt(dim)``  fp32, ROW_MAJOR
-``moe.expert_scale``                per-expert weight ``[1, experts]``         bf16, ROW_MAJOR
-``moe.experts.w1/w3/w2``            fused ``gate_up`` split, stacked            expert-parallel
-                                    ``[experts, in, out]`` (qwen3 MoE's)       (else replicated)
-``ffn_norm_2``, ``post_ffn_norm_1/2``  the MoE block's extra norms             bf16, ROW_MAJOR
-``per_layer_input_gate``            ``[dim, ple]``                             column-parallel
-``per_layer_projection``            ``[ple, dim]``                             row-parallel
-``post_per_layer_input_norm``       ``[1, 1, dim/32, 32]``                     bf16, ROW_MAJOR
-``layer_scalar``                    read with ``.item()``                      host weight
-==================================  =========================================  ====================
+=============================  ============================================  =================
+weight                         host transform                                format
+=============================  ============================================  =================
+``attention.wqkv``             q|k|v fused column-blocked by the shared      precision, TILE,
+                               :func:`~models.common.decoder.fuse_qkv`,      column-parallel
+                               with this layer's head_dim and KV heads
+``attention.wqk``              ``attention_k_eq_v`` global layers: q|k       same
+                               (the values are the keys before the k-norm)
+``attention.wq``               KV-shared layers: queries only (K/V come      same
+                               from the last unshared layer of the type)
+``attention.wo``               ``[heads * head_dim, dim]``                   row-parallel
+``attention.{q,k}_norm``       ``[1, 1, head_dim/32, 32]``; no k-norm on     bf16, ROW_MAJOR
+                               KV-shared layers; the v-norm has no weight
+``attention_norm`` ...         input / post-attn / pre-FFN / post-FFN        bf16, ROW_MAJOR
+``feed_forward.w1/w3/w2``      dense gated MLP (double width on KV-shared    column / row-
+                               layers with ``use_double_wide_mlp``)          parallel
+``moe.gate``                   router ``[dim, experts]``                     bf16, TILE
+``moe.router_norm``            router RMSNorm weight ``scale / sqrt(dim)``   fp32, ROW_MAJOR
+``moe.expert_scale``           per-expert weight ``[1, experts]``            bf16, ROW_MAJOR
+``moe.experts.w1/w3/w2``       fused ``gate_up`` split; stacked              expert-parallel
+                               ``[experts, in, out]`` like qwen3 MoE's       (else replicated)
+``ffn_norm_2``                 the MoE input norm                            bf16, ROW_MAJOR
+``post_ffn_norm_1/2``          after the dense MLP / after the experts       bf16, ROW_MAJOR
+``per_layer_input_gate``       ``[dim, ple]``                                column-parallel
+``per_layer_projection``       ``[ple, dim]``                                row-parallel
+``post_per_layer_input_norm``  ``[1, 1, dim/32, 32]``                        bf16, ROW_MAJOR
+``layer_scalar``               read with ``.item()``                         host weight
+=============================  ============================================  =================
 
 Model-wide: ``tok_embeddings`` and ``tok_embeddings_per_layer`` (the packed per-layer embedding
 table ``[vocab, layers * ple]``) are looked up on the host: host weights, kept real in warm builds
@@ -74,6 +73,7 @@ from models.common.decoder import (
 from models.common.loader import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
+from models.common.weight_cache import is_placeholder_tensor, placeholder
 from models.gemma.loader import GEMMA_NORM_FORMAT, GEMMA_NORM_RULES, HOST_EMBEDDING
 
 HOST_PER_LAYER_EMBEDDING = "tok_embeddings_per_layer.weight"
@@ -172,7 +172,9 @@ def gemma4_layer(config: dict[str, Any], layer: int) -> Gemma4Layer:
 
 def router_norm(scale: torch.Tensor, dim: int) -> torch.Tensor:
     """The router's ``rms_norm(x) * scale * dim**-0.5`` as one RMSNorm weight, kept in fp32
-    (the product is not a bf16 number)."""
+    (the product is not a bf16 number). A placeholder skips the arithmetic (math on meta tensors is slow to set up)."""
+    if is_placeholder_tensor(scale):
+        return norm_for_device(placeholder(scale.shape, torch.float32))
     return norm_for_device(scale.float() * dim**-0.5)
 
 
