@@ -21,7 +21,6 @@ import gc
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,10 +30,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-import models  # noqa: E402,F401  (mock cluster before ttnn)
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
+import models  # noqa: E402,F401  (mock cluster before ttnn)
 from models.common import weight_cache as wc  # noqa: E402
 from models.common.fileio import HASH_BLOCK_BYTES, content_digest_file  # noqa: E402
 
@@ -241,7 +240,7 @@ def main() -> int:
          f"{rss['added_rss'] / 1024:.0f} KiB (weights would be {rss['would_be_bytes'] / 2**30:.1f} GiB)",
          f"< 1 MB: {verdict(rss['added_rss'] < RSS_TARGET_BYTES)}"),
         (f"plain read, {digest['bytes'] >> 20} MiB file, page cache warm", f"{digest['read_gbs']:.2f} GB/s", ""),
-        (f"content_digest_file (BLAKE3), same file", f"{digest['digest_gbs']:.2f} GB/s", ""),
+        ("content_digest_file (BLAKE3), same file", f"{digest['digest_gbs']:.2f} GB/s", ""),
         (f"cold as_tensor to bfloat8_b of one 4096x4096 weight ({cold['bytes'] >> 20} MiB written)",
          f"{cold['convert_s'] * 1e3:.0f} ms", ""),
         ("digest of that tensorbin", f"{cold['digest_s'] * 1e3:.1f} ms",

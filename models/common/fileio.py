@@ -99,25 +99,6 @@ def publish(temp: Path, dest: Path, *, durable: bool = True) -> None:
         fsync_dir(Path(dest).parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that readers see all of it or none of it."""
-    path = Path(path)
-    temp = unique_temp_path(path)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        publish(temp, path, durable=durable)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
-
-
 @contextlib.contextmanager
 def atomic_output(path: Path, *, durable: bool = True, suffix: str = "") -> Iterator[Path]:
     """Yield a temp path for a writer that needs a file name (``ttnn.dump_tensor``,
@@ -133,6 +114,16 @@ def atomic_output(path: Path, *, durable: bool = True, suffix: str = "") -> Iter
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or none of it."""
+    with atomic_output(path, durable=durable) as temp:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager

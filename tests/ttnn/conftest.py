@@ -170,3 +170,12 @@ def as_unprivileged() -> Callable[..., dict]:
         return run_helper(*args, prefix=DROP_FILE_PERMISSION_BYPASS)
 
     return run
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch) -> Path:
+    """A fresh ``$TT_CACHE_PATH`` for loader tests, with no forced cold builds."""
+    root = tmp_path / "tt-cache"
+    monkeypatch.setenv("TT_CACHE_PATH", str(root))
+    monkeypatch.delenv("TT_TRANSFORMERS_FORCE_MODEL_LOAD", raising=False)
+    return root

@@ -18,12 +18,11 @@ import torch
 from safetensors import safe_open
 
 from models.common.checkpoint import CheckpointError
-from models.common.loader import LoadedModel
 from models.common.tensor_cache import host_shards
-from models.common.weight_cache import DEFAULT_FORCE_ENV, host_sidecar_path, read_marker
+from models.common.weight_cache import host_sidecar_path, read_marker
 from models.gemma import Gemma4Loader
 from models.gemma.gemma4_reference import Gemma4Reference
-from tests.ttnn.tiny_models import hf_greedy, hf_logits
+from tests.ttnn.tiny_models import hf_greedy, hf_logits, pcc, tensors_of
 
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
@@ -94,22 +93,6 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def reference_logits(checkpoints) -> dict[str, torch.Tensor]:
     return {name: hf_logits(path, PROMPT) for name, path in checkpoints.items()}
-
-
-@pytest.fixture
-def cache_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "tt-cache"
-    monkeypatch.setenv("TT_CACHE_PATH", str(root))
-    monkeypatch.delenv(DEFAULT_FORCE_ENV, raising=False)
-    return root
-
-
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    return torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1].item()
-
-
-def tensors_of(loaded: LoadedModel) -> dict[str, list[torch.Tensor]]:
-    return {name: host_shards(t) for name, t in loaded.weights.items()}
 
 
 def sidecar_keys(loader: Gemma4Loader) -> set[str]:

@@ -14,14 +14,13 @@ import pytest
 import torch
 
 from models.common.checkpoint import CheckpointError
-from models.common.loader import LoadedModel
 from models.common.reference import ReferenceDecoder
 from models.common.tensor_cache import host_shards
 from models.common.weight_cache import DEFAULT_FORCE_ENV, marker_path, read_marker, verify_weight_cache
 from models.gemma import Gemma3Loader
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader, Qwen3MoeLoader
-from tests.ttnn.tiny_models import as_hub_snapshot, hf_greedy, hf_logits, make_checkpoint
+from tests.ttnn.tiny_models import as_hub_snapshot, hf_greedy, hf_logits, make_checkpoint, pcc, tensors_of
 
 LOADERS = {"llama": LlamaLoader, "qwen3": Qwen3Loader, "qwen3_moe": Qwen3MoeLoader, "gemma3": Gemma3Loader}
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]
@@ -39,22 +38,6 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def reference_logits(checkpoints) -> dict[str, torch.Tensor]:
     return {family: hf_logits(checkpoints[family], PROMPT) for family in LOADERS}
-
-
-@pytest.fixture
-def cache_root(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "tt-cache"
-    monkeypatch.setenv("TT_CACHE_PATH", str(root))
-    monkeypatch.delenv(DEFAULT_FORCE_ENV, raising=False)
-    return root
-
-
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    return torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1].item()
-
-
-def tensors_of(loaded: LoadedModel) -> dict[str, list[torch.Tensor]]:
-    return {name: host_shards(t) for name, t in loaded.weights.items()}
 
 
 @pytest.mark.parametrize("family", list(LOADERS))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from models.common import prefill_cache as pc
+from models.common.fileio import atomic_write_bytes
 from models.common.prefill_cache import (
     BaseForwardCache,
     BaseForwardCacheEntry,
@@ -29,7 +30,6 @@ from models.common.prefill_cache import (
     frozen_backbone_position_policy_sha256_boundary,
     frozen_backbone_prompt_mask_sha256_boundary,
 )
-from models.common.fileio import atomic_write_bytes
 from tests.ttnn.helpers.prefill_factories import authority, hex_of, packet, row, same_bytes
 
 # ---------------------------------------------------------------------------------------------

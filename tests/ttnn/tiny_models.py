@@ -82,3 +82,15 @@ def hf_greedy(checkpoint: Path, tokens: list[int], steps: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([tokens]), max_new_tokens=steps, do_sample=False)
     return out[0, len(tokens):].tolist()
+
+
+def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of two tensors' values."""
+    return torch.corrcoef(torch.stack([a.flatten().double(), b.flatten().double()]))[0, 1].item()
+
+
+def tensors_of(loaded) -> dict[str, list[torch.Tensor]]:
+    """Every ttnn weight of a loaded model as its per-device torch shards."""
+    from models.common.tensor_cache import host_shards
+
+    return {name: host_shards(t) for name, t in loaded.weights.items()}

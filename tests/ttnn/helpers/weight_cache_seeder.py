@@ -28,8 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import models  # noqa: F401  (points ttnn at the mock cluster before it is imported)
 import torch
+
+import models  # noqa: F401  (points ttnn at the mock cluster before it is imported)
 
 MODEL_NAME = "tiny-llama"
 N_LAYERS = 2
