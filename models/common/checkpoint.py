@@ -10,15 +10,18 @@ A checkpoint reaches a loader in one of three spellings, all resolved here to on
 * a hub snapshot directory, the form vLLM hands over under ``HF_HUB_OFFLINE=1``.
 
 Weights are read from safetensors only (single ``model.safetensors`` or shards listed in
-``model.safetensors.index.json``), each file memory-mapped, each tensor materialized when the
-loader asks for it. The transformers model object is never built just to read weights.
+``model.safetensors.index.json``), each file memory-mapped and each tensor a zero-copy view of the
+mapping (:class:`SafetensorsFile`). The transformers model object is never built just to read weights.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
 import re
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,10 +96,7 @@ def safetensors_files(checkpoint_dir: Path) -> dict[str, Path]:
         return {name: checkpoint_dir / file for name, file in weight_map.items()}
     single = checkpoint_dir / SAFETENSORS_SINGLE
     if single.is_file():
-        from safetensors import safe_open
-
-        with safe_open(single, framework="pt") as reader:
-            return {name: single for name in reader.keys()}
+        return {name: single for name in SafetensorsFile(single).names()}
     raise CheckpointError(f"{checkpoint_dir} holds no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}")
 
 
@@ -154,22 +154,88 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-class CheckpointReader:
-    """Lazy, renamed view of a safetensors checkpoint: ``keys()`` and ``get(key)``.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
-    Files are opened once and memory-mapped; a tensor's bytes are read when ``get`` is called,
-    so peak host memory is one layer, not the model."""
+
+class SafetensorsFile:
+    """One safetensors file, memory-mapped; tensors are zero-copy views of the mapping.
+
+    Format: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON mapping each tensor
+    name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the byte
+    after the header), then the data. The mapping is private copy-on-write: the pages are the
+    page cache's (no copy, reclaimable under memory pressure), and an in-place op on a tensor
+    writes to a private copy, never to the checkpoint."""
+
+    MAX_HEADER_BYTES = 100 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            raw = stream.read(8)
+            length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            if not 0 < length <= min(self.MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(f"{self.path} is not a safetensors file (header length {length})")
+            try:
+                header = json.loads(stream.read(length))
+            except ValueError as error:
+                raise CheckpointError(f"{self.path}: unreadable safetensors header ({error})") from None
+            self._mmap = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + length else None
+        header.pop("__metadata__", None)
+        self._base = 8 + length
+        self._entries = {name: self._entry(name, info, size - self._base) for name, info in header.items()}
+
+    def _entry(self, name: str, info: Any, data_bytes: int) -> tuple[list[int], torch.dtype, int, int]:
+        try:
+            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{self.path}: bad header entry for {name!r}: {info!r}") from None
+        count = math.prod(shape)
+        if not 0 <= begin <= end <= data_bytes or end - begin != count * dtype.itemsize:
+            raise CheckpointError(f"{self.path}: {name!r} offsets {begin}..{end} do not fit its shape or the file")
+        return shape, dtype, begin, count
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def spec(self, name: str) -> tuple[list[int], torch.dtype]:
+        shape, dtype, _, _ = self._entries[name]
+        return shape, dtype
+
+    def tensor(self, name: str) -> torch.Tensor:
+        shape, dtype, begin, count = self._entries[name]
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        self._populate(self._base + begin, count * dtype.itemsize)
+        flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
+        return flat.reshape(shape)
+
+    def _populate(self, offset: int, length: int) -> None:
+        """Map the tensor's pages in one call (``MADV_POPULATE_READ``, Linux 5.14+): a third
+        faster than taking one page fault per 4 KiB while the loader transposes it."""
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._mmap.madvise(_MADV_POPULATE_READ, start, offset + length - start)
+        except (OSError, ValueError):
+            pass  # older kernel: the pages fault in on first touch instead
+
+
+class CheckpointReader:
+    """Lazy, renamed view of a safetensors checkpoint: ``keys()``, ``spec(key)`` and ``get(key)``.
+
+    Files are memory-mapped once; a tensor is a view of the mapping whose bytes are read when the
+    loader touches them, so peak host memory is what is being converted, not the model."""
 
     def __init__(self, checkpoint_dir: Path, rules: Sequence[KeyRule]) -> None:
-        from safetensors import safe_open
-
         self.checkpoint_dir = checkpoint_dir
         self._location: dict[str, tuple[Path, str]] = {}
         for name, file in safetensors_files(checkpoint_dir).items():
             key = remap_key(name, rules)
             if key is not None:
                 self._location[key] = (file, name)
-        self._open = {file: safe_open(file, framework="pt") for file in {f for f, _ in self._location.values()}}
+        self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
 
     def keys(self) -> list[str]:
         return list(self._location)
@@ -180,15 +246,14 @@ class CheckpointReader:
     def spec(self, key: str) -> tuple[list[int], torch.dtype]:
         """Shape and dtype from the safetensors header, without reading the tensor."""
         file, name = self._location[key]
-        view = self._open[file].get_slice(name)
-        return list(view.get_shape()), _SAFETENSORS_DTYPES[view.get_dtype()]
+        return self._open[file].spec(name)
 
     def get(self, key: str) -> torch.Tensor:
         try:
             file, name = self._location[key]
         except KeyError:
             raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
-        return self._open[file].get_tensor(name)
+        return self._open[file].tensor(name)
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for key in self._location:

@@ -148,11 +148,12 @@ class DecoderLoader(WeightLoader):
         state = sink.state
         if not self.is_host_weight("tok_embeddings.weight"):
             sink.put("tok_embeddings", state["tok_embeddings.weight"], EMBEDDING_FORMAT)
-        for layer in range(args.n_layers):
-            self.convert_layer(sink, args, layer)
-        sink.put("norm", self.norm(state["norm.weight"]), self.norm_format)
+        # The LM head (the largest weight) goes first, so its write overlaps the layers' conversion.
         head = state["output.weight"] if "output.weight" in state else state["tok_embeddings.weight"]
         sink.put("output", head.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        sink.put("norm", self.norm(state["norm.weight"]), self.norm_format)
+        for layer in range(args.n_layers):
+            self.convert_layer(sink, args, layer)
 
     def convert_layer(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         self.convert_attention(sink, args, layer)

@@ -56,6 +56,14 @@ def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
     return dims  # type: ignore[return-value]
 
 
+def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor.contiguous()``, faster for bfloat16: torch's strided copy (a transpose) of bf16
+    runs ~1.7x slower than of int16, so the bytes are copied under an int16 view."""
+    if tensor.is_contiguous() or tensor.dtype != torch.bfloat16:
+        return tensor.contiguous()
+    return tensor.view(torch.int16).contiguous().view(torch.bfloat16)
+
+
 def _chunk(tensor: torch.Tensor, dim: int, parts: int, what: str) -> list[torch.Tensor]:
     size = tensor.shape[dim]
     if size % parts:
@@ -64,17 +72,17 @@ def _chunk(tensor: torch.Tensor, dim: int, parts: int, what: str) -> list[torch.
 
 
 def shard(tensor: torch.Tensor, placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:
-    """One tensor per device, row-major; a single tensor when replicated."""
+    """One contiguous tensor per device, row-major; a single tensor when replicated."""
     rows, cols = mesh
     if placement.replicated:
-        return [tensor]
+        return [contiguous(tensor)]
     if placement.flat_dim is not None:
-        return [s.contiguous() for s in _chunk(tensor, placement.flat_dim, rows * cols, "expert")]
+        return [contiguous(s) for s in _chunk(tensor, placement.flat_dim, rows * cols, "expert")]
     per_row = _chunk(tensor, placement.row_dim, rows, "row") if placement.row_dim is not None else [tensor] * rows
     shards = []
     for row_part in per_row:
         parts = _chunk(row_part, placement.col_dim, cols, "column") if placement.col_dim is not None else [row_part] * cols
-        shards.extend(p.contiguous() for p in parts)
+        shards.extend(contiguous(p) for p in parts)
     return shards
 
 

