@@ -22,12 +22,14 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from models.common.fileio import write_all
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -155,6 +157,33 @@ _SAFETENSORS_DTYPES = {
 
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+_DTYPE_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Write ``tensors`` in the format :class:`SafetensorsFile` reads (the ``safetensors``
+    package reads it too), straight from each tensor's memory: no staging copy, and tensors that
+    share storage (tied weights, views of one mapped file) are simply written twice."""
+    names = sorted(tensors)
+    header: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        tensor = tensors[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, struct.pack("<Q", len(raw)) + raw)
+        for name in names:
+            tensor = tensors[name].detach().cpu().contiguous()
+            if tensor.numel():
+                write_all(fd, tensor.reshape(-1).view(torch.uint8).numpy())
+    finally:
+        os.close(fd)
 
 
 class SafetensorsFile:

@@ -54,6 +54,7 @@ from models.common.weight_cache import (
     placeholder,
     read_marker,
     weight_cache_status,
+    write_host_sidecar,
 )
 
 CACHE_ROOT_ENV = "TT_CACHE_PATH"
@@ -253,6 +254,8 @@ class WeightLoader(ABC):
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         cache = TensorCache(self.cache_dir, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device)
         sink = WeightSink(cache, state, host_keys)
+        if sink.host and not args.partial:
+            cache.submit_file(write_host_sidecar, self.cache_dir, sink.host, self.build_variant)
         try:
             self.convert(sink, args)
         except BaseException:

@@ -57,11 +57,27 @@ def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
 
 
 def contiguous(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor.contiguous()``, faster for bfloat16: torch's strided copy (a transpose) of bf16
-    runs ~1.7x slower than of int16, so the bytes are copied under an int16 view."""
-    if tensor.is_contiguous() or tensor.dtype != torch.bfloat16:
+    """``tensor.contiguous()``, faster for the transposes loaders make of bfloat16 weights.
+
+    torch's strided copy of bf16 runs ~1.7x slower than of int16, so bytes move under an int16
+    view; and the transpose of a tall, narrow matrix (a 262k-vocab embedding as LM head) is done
+    in 1 MiB row blocks that stay in cache, ~1.8x faster than one strided copy (measured here)."""
+    if tensor.is_contiguous() or tensor.element_size() != 2:
         return tensor.contiguous()
-    return tensor.view(torch.int16).contiguous().view(torch.bfloat16)
+    raw = tensor.view(torch.int16)
+    if raw.dim() == 2 and raw.stride() == (1, raw.shape[0]) and raw.shape[1] >= 64 * raw.shape[0]:
+        return _blocked_transpose(raw.T).view(tensor.dtype)
+    return raw.contiguous().view(tensor.dtype)
+
+
+def _blocked_transpose(source: torch.Tensor, block_bytes: int = 1 << 20) -> torch.Tensor:
+    """``source.T.contiguous()`` for a contiguous ``[rows, cols]`` source, in row blocks."""
+    rows, cols = source.shape
+    out = torch.empty(cols, rows, dtype=source.dtype)
+    step = max(32, block_bytes // (cols * source.element_size()))
+    for start in range(0, rows, step):
+        out[:, start : start + step].copy_(source[start : start + step].T)
+    return out
 
 
 def _chunk(tensor: torch.Tensor, dim: int, parts: int, what: str) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ cache stays readable by plain ttnn code. What this adds:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ class TensorCache:
         self.memory_config = memory_config
         self.files: list[str] = []
         self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
-        self._pending: list[tuple[str, Future]] = []
+        self._pending: list[Future] = []  # each gives {relative path: content digest}
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
@@ -103,7 +104,7 @@ class TensorCache:
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
-            self._pending.append((self.files[-1], self._writer.submit(self._write, path, result)))
+            self._pending.append(self._writer.submit(self._write, self.cache_dir, self.files[-1], result))
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
@@ -117,16 +118,25 @@ class TensorCache:
             raise
 
     @staticmethod
-    def _write(path: Path, tensor: ttnn.Tensor) -> str:
+    def _write(cache_dir: Path, relative: str, tensor: ttnn.Tensor) -> dict[str, str]:
+        path = cache_dir / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_output(path, durable=False, suffix=".tensorbin") as temp:
             ttnn.dump_tensor(temp, tensor)
-            fsync_file(temp)
-            return content_digest_file(temp)
+            fsync_file(temp)  # data durable now; the directory entries are synced in finish()
+            digest = content_digest_file(temp)
+        return {relative: digest}
+
+    def submit_file(self, write: Callable[..., dict[str, str]], *args: Any) -> None:
+        """Run another file writer (returning ``{relative path: digest}``) on the writer thread,
+        overlapped with conversion like the tensorbins."""
+        self._pending.append(self._writer.submit(write, *args))
 
     def finish(self) -> dict[str, str]:
         """Wait for every write; return ``{relative path: content digest}`` of the files written."""
-        digests = {relative: future.result() for relative, future in self._pending}
+        digests: dict[str, str] = {}
+        for future in self._pending:
+            digests.update(future.result())
         self._pending.clear()
         for directory in {(self.cache_dir / relative).parent for relative in digests}:
             fsync_dir(directory)
@@ -135,7 +145,7 @@ class TensorCache:
         return digests
 
     def abort(self) -> None:
-        for _, future in self._pending:
+        for future in self._pending:
             future.cancel()
         if self._writer is not None:
             self._writer.shutdown(wait=True, cancel_futures=True)

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from models.common.checkpoint import SafetensorsFile, write_safetensors
 from models.common.fileio import (
     CONTENT_DIGEST_ALGORITHM,
     atomic_output,
@@ -371,24 +372,23 @@ def load_host_sidecar(
 ) -> dict[str, torch.Tensor] | None:
     """The real host-consumed weights of a warm build, or None when absent or unreadable.
 
-    Read once per warm run: memoized on (path, inode, mtime, size) so the gate's validation load
-    is reused by the builder; ``consume=True`` hands the tensors over and drops the memo."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    Opened once per warm run: memoized on (path, inode, mtime, size) so the gate's validation is
+    reused by the builder; ``consume=True`` hands the tensors over and drops the memo. The tensors
+    are zero-copy views of the mapped file (pages are read when the host code touches them)."""
     path = host_sidecar_path(cache_path, build_variant)
     try:
         stat = path.stat()
         key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
         tensors = _SIDECAR_MEMO.get(key)
         if tensors is None:
-            tensors = load_file(path, device="cpu")
+            sidecar = SafetensorsFile(path)  # zero-copy views: a warm start maps, never copies
+            tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
             _SIDECAR_MEMO.clear()
             _SIDECAR_MEMO[key] = tensors
         if consume:
             _SIDECAR_MEMO.pop(key, None)
         return tensors
-    except (OSError, SafetensorError, ValueError, RuntimeError) as error:
+    except (OSError, ValueError, RuntimeError) as error:
         if not isinstance(error, FileNotFoundError):
             logger.warning(f"Host-weights sidecar {path} is unreadable: {error}")
         return None
@@ -551,6 +551,18 @@ def _record_file(root: Path, relative: str, digests: Mapping[str, str] | None) -
     return FileRecord(relative, size, digest)
 
 
+def write_host_sidecar(
+    cache_path: str | os.PathLike, host: Mapping[str, torch.Tensor], build_variant: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Publish the host weights' safetensors sidecar atomically; returns ``{name: digest}`` for
+    :func:`mark_weight_cache_complete`'s ``digests`` (so a loader can write it while converting)."""
+    sidecar = host_sidecar_path(cache_path, build_variant)
+    with atomic_output(sidecar) as temp:
+        write_safetensors(temp, {key: value.detach() for key, value in host.items()})
+        digest = content_digest_file(temp)
+    return {sidecar.name: digest}
+
+
 def invalidate_weight_cache(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> None:
     """Withdraw a variant's marker before a cold build rewrites its files.
 
@@ -584,7 +596,8 @@ def mark_weight_cache_complete(
     Call it only after the whole model was built. ``state_dict`` gives the manifest (each
     weight's shape and dtype); weights matching ``is_host_weight`` are saved real to the
     safetensors sidecar. ``cache_files`` (relative paths, default: every tensorbin found) and
-    ``digests`` (already computed by the loader) are recorded with their sizes. The sidecar is
+    ``digests`` (already computed by the loader) are recorded with their sizes; a sidecar the
+    loader already wrote with :func:`write_host_sidecar` is recorded, not rewritten. The sidecar is
     published before the marker, and the marker last, each by atomic rename, so a crash at any
     point leaves either the previous state or a complete one. Failing to write (read-only or
     full disk) only warns: the build it records has already succeeded."""
@@ -601,13 +614,7 @@ def mark_weight_cache_complete(
         if is_host_weight is not None and is_host_weight(key):
             if value.is_meta:
                 raise WeightCacheError(f"host weight {key!r} is a placeholder; a host weight must be real")
-            host[key] = value.detach().to("cpu").contiguous()
-    # safetensors refuses tensors sharing storage (tied embeddings): give each its own copy.
-    seen: set[int] = set()
-    for key, value in host.items():
-        if value.untyped_storage().data_ptr() in seen:
-            host[key] = value.clone()
-        seen.add(host[key].untyped_storage().data_ptr())
+            host[key] = value.detach()
     try:
         if cache_files is not None:
             files = sorted({_safe_relative_path(f) for f in cache_files})
@@ -619,13 +626,10 @@ def mark_weight_cache_complete(
         records = [_record_file(root, rel, digests) for rel in files]
         sidecar_record = None
         if host:
-            from safetensors.torch import save_file
-
-            sidecar = host_sidecar_path(root, build_variant)
-            with atomic_output(sidecar) as temp:
-                save_file(host, temp)
-                os.chmod(temp, 0o644)  # safetensors creates 0600; readers may be other users
-            sidecar_record = _record_file(root, sidecar.name, None)
+            name = host_sidecar_path(root, build_variant).name
+            if name not in (digests or {}):  # else the loader published it while converting
+                write_host_sidecar(root, host, build_variant)
+            sidecar_record = _record_file(root, name, digests)
         body = {
             "format_version": WEIGHT_CACHE_FORMAT_VERSION,
             "model_name": model_name,

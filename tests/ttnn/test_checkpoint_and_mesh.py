@@ -137,3 +137,28 @@ def test_mesh_shape_spellings(text, expected):
 def test_bad_mesh_shape_is_a_clear_error(bad):
     with pytest.raises(ValueError):
         parse_mesh_shape(bad)
+
+
+def test_written_safetensors_read_back_by_both_readers_with_shared_storage(tmp_path):
+    from models.common.checkpoint import write_safetensors
+
+    base = torch.randn(8, 16).to(torch.bfloat16)
+    tensors = {"embed": base, "head": base, "view": base.T, "ints": torch.arange(5), "empty": torch.zeros(0, 3)}
+    path = tmp_path / "out.safetensors"
+    write_safetensors(path, tensors)
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    for name, value in load_file(path).items():
+        assert torch.equal(value, tensors[name]), name
+    mapped = SafetensorsFile(path)
+    assert all(torch.equal(mapped.tensor(n), tensors[n]) for n in tensors)
+
+
+@pytest.mark.parametrize("shape", [(4096, 32), (64, 96), (8, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fast_contiguous_transpose_is_exact(shape, dtype):
+    from models.common.mesh import contiguous
+
+    source = torch.randn(*shape).to(dtype)
+    for view in (source.T, source[:, 1:], source):
+        result = contiguous(view)
+        assert result.is_contiguous() and result.dtype == dtype and torch.equal(result, view)
