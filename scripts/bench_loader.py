@@ -11,8 +11,8 @@ Cases (median of ``--repeat`` rounds, run round-robin so machine noise hits all 
   write, hash, mark. Also reports the summed ``ttnn.from_torch`` time of its weights.
 * ``warm lazy``: a warm build; ``ttnn.load_tensor`` maps files lazily, so this is NOT the time to
   have the bytes: see the next case.
-* ``warm pages``: a warm build, then every page of every cached file read once (what a device
-  upload does).
+* ``warm pages``: a warm build, then every page of every cached file read once (one byte each);
+  ``warm bytes``: every byte copied once (what a device upload moves).
 * ``warm process``: a whole ``python`` process doing a warm start (imports included).
 * ``transformers``: ``AutoModelForCausalLM.from_pretrained`` of the same checkpoint (bf16).
 * ``cat``: ``cat`` of the cache files to /dev/null: the raw read, the physical floor.
@@ -58,13 +58,17 @@ else:
     result["inner"] = time.perf_counter() - t
     result["warm"] = loaded.warm
     result.update({f"t_{k}": v for k, v in loaded.timings.items()})
-    if case == "warm_pages":
+    if case in ("warm_pages", "warm_bytes"):
         t = time.perf_counter()
-        page = mmap.PAGESIZE
-        total = 0
+        page, chunk = mmap.PAGESIZE, bytearray(1 << 20)
         for path in sorted(loaded.cache_dir.rglob("*.tensorbin")):
             with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-                total += sum(m[i] for i in range(0, len(m), page))
+                if case == "warm_pages":  # one byte of every page: each page brought in once
+                    sum(m[i] for i in range(0, len(m), page))
+                else:  # every byte copied once, 1 MiB at a time (what a device upload moves)
+                    for start in range(0, len(m), len(chunk)):
+                        piece = m[start : start + len(chunk)]
+                        chunk[: len(piece)] = piece
         result["pages"] = time.perf_counter() - t
         result["inner"] += result["pages"]
     result["cache_bytes"] = sum(p.stat().st_size for p in loaded.cache_dir.rglob("*") if p.is_file())
@@ -154,7 +158,8 @@ def main() -> None:
         samples: dict[str, list[dict]] = {}
         run_case("cold", family, model, precision, opts.mesh, forced)  # seed once before measuring
         for _ in range(opts.repeat):
-            plan = [("import", env), ("cold", forced), ("warm_lazy", env), ("warm_pages", env), ("transformers", env)]
+            plan = [("import", env), ("cold", forced), ("warm_lazy", env), ("warm_pages", env), ("warm_bytes", env),
+                    ("transformers", env)]
             for case, case_env in plan:
                 samples.setdefault(case, []).append(run_case(case, family, model, precision, opts.mesh, case_env))
             samples.setdefault("cat", []).append({"inner": cat_seconds(samples["warm_lazy"][-1]["cache_dir"])})
@@ -179,12 +184,14 @@ def print_table(precision: str, r: dict[str, dict[str, float]]) -> None:
     print(f"| cold build (summed ttnn.from_torch {r['cold']['t_from_torch']:.3f}) | {cold:.3f} | {r['cold']['rss_mib']:.0f} |")
     print(f"| warm build, lazy (files mapped, bytes not read) | {lazy:.4f} | {r['warm_lazy']['rss_mib']:.0f} |")
     print(f"| warm build + every page read once | {pages:.4f} | {r['warm_pages']['rss_mib']:.0f} |")
+    print(f"| warm build + every byte copied once | {r['warm_bytes']['inner']:.4f} | {r['warm_bytes']['rss_mib']:.0f} |")
     print(f"| whole warm-start process (imports included) | {r['warm_lazy']['wall']:.3f} | {r['warm_lazy']['rss_mib']:.0f} |")
     print(f"| transformers from_pretrained (bf16) | {r['transformers']['inner']:.3f} | {r['transformers']['rss_mib']:.0f} |")
     print(f"| cat of the cache files | {cat:.4f} | |")
     print("\n| ratio | measured | target |\n| --- | --- | --- |")
     print(f"| cold / summed from_torch | {cold / r['cold']['t_from_torch']:.2f}x | <= 1.1x |")
     print(f"| warm (pages read) / cat | {pages / cat:.2f}x | <= 1.5x |")
+    print(f"| warm (every byte copied) / cat | {r['warm_bytes']['inner'] / cat:.2f}x | (<= 1.5x) |")
     print(f"| warm (pages read) / cold | 1/{cold / pages:.0f} | <= 1/20 |")
     print(f"| warm-start process / bare import | {r['warm_lazy']['wall'] / bare:.2f}x | <= 1.3x |")
     rss_budget = r["import"]["rss_mib"] + r["warm_lazy"]["cache_bytes"] / 2**20

@@ -233,11 +233,14 @@ class SafetensorsFile:
         shape, dtype, _, _ = self._entries[name]
         return shape, dtype
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str, *, populate: bool = False) -> torch.Tensor:
+        """A view of ``name``'s bytes; ``populate`` maps its pages now (the caller is about to
+        read all of them), else they fault in when touched (lazy: warm starts)."""
         shape, dtype, begin, count = self._entries[name]
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        self._populate(self._base + begin, count * dtype.itemsize)
+        if populate:
+            self._populate(self._base + begin, count * dtype.itemsize)
         flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(shape)
 
@@ -282,7 +285,7 @@ class CheckpointReader:
             file, name = self._location[key]
         except KeyError:
             raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
-        return self._open[file].tensor(name)
+        return self._open[file].tensor(name, populate=True)
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for key in self._location:
