@@ -17,6 +17,7 @@ cache stays readable by plain ttnn code. What this adds:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,14 +49,15 @@ class TensorFormat:
     placement: Placement
 
 
-def tensorbin_path(cache_dir: Path, name: str, fmt: TensorFormat) -> Path:
-    """``ttnn.as_tensor``'s file name for ``name`` (``layers.3.attention.wqkv`` nests as
-    ``layers.3/attention.wqkv_...``: one directory per layer keeps directories small)."""
+def tensorbin_name(name: str, fmt: TensorFormat) -> str:
+    """``ttnn.as_tensor``'s file name for weight ``name``, relative to the cache dir
+    (``layers.3.attention.wqkv`` nests as ``layers.3/attention.wqkv_...``: one directory per
+    layer keeps directories small)."""
     parts = name.split(".")
     stem = name
     if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
         stem = f"layers.{parts[1]}/{'.'.join(parts[2:])}"
-    return cache_dir / f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
+    return f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
 
 
 def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
@@ -83,6 +85,7 @@ class TensorCache:
         self, cache_dir: Path, mesh: MeshShape, *, rebuild: bool, mesh_device: Any = None, memory_config: Any = None
     ) -> None:
         self.cache_dir = Path(cache_dir)
+        self._root = os.fspath(cache_dir)
         self.mesh = mesh
         self.rebuild = rebuild
         self.mesh_device = mesh_device
@@ -93,10 +96,10 @@ class TensorCache:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
-        path = tensorbin_path(self.cache_dir, name, fmt)
-        self.files.append(path.relative_to(self.cache_dir).as_posix())
+        relative = tensorbin_name(name, fmt)
+        self.files.append(relative)
         if not self.rebuild:
-            result = self._load(path, name, tensor)
+            result = self._load(os.path.join(self._root, relative), name, tensor)
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
@@ -104,17 +107,17 @@ class TensorCache:
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
-            self._pending.append(self._writer.submit(self._write, self.cache_dir, self.files[-1], result))
+            self._pending.append(self._writer.submit(self._write, self.cache_dir, relative, result))
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
 
-    def _load(self, path: Path, name: str, tensor: torch.Tensor) -> ttnn.Tensor:
+    def _load(self, path: str, name: str, tensor: torch.Tensor) -> ttnn.Tensor:
         try:
-            return ttnn.load_tensor(str(path))
+            return ttnn.load_tensor(path)
         except (RuntimeError, OSError) as error:
             if is_placeholder_tensor(tensor):
-                raise WeightCacheError(f"cached {path.name} of {name} is unreadable ({error})") from error
+                raise WeightCacheError(f"cached {os.path.basename(path)} of {name} is unreadable ({error})") from error
             raise
 
     @staticmethod
