@@ -52,7 +52,6 @@ from models.common.weight_cache import (
     invalidate_weight_cache,
     mark_weight_cache_complete,
     placeholder,
-    read_marker,
     weight_cache_status,
     write_host_sidecar,
 )
@@ -291,7 +290,3 @@ class WeightLoader(ABC):
                            reason, seconds, {"from_torch": cache.convert_seconds, "convert": convert_seconds,
                                     "finish": seconds - convert_seconds})
 
-
-def cache_marker_info(loader: WeightLoader) -> dict[str, Any]:
-    """The marker's model facts of a loader's variant (for tools and tests)."""
-    return read_marker(loader.cache_dir, loader.build_variant).model_info
