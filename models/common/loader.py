@@ -247,12 +247,13 @@ class WeightLoader(ABC):
             raise CheckpointError(f"{self.model}: the cache is cold ({reason}) and no checkpoint is on this machine")
         logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
         invalidate_weight_cache(self.cache_dir, self.build_variant)
+        # Taken before reading: a checkpoint replaced mid-build then reads as changed next time.
+        fingerprint = checkpoint_fingerprint(self.checkpoint_dir)
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
-        host_keys = [k for k in state if self.is_host_weight(k)]
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         cache = TensorCache(self.cache_dir, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device)
-        sink = WeightSink(cache, state, host_keys)
+        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)])
         if sink.host and not args.partial:
             cache.submit_file(write_host_sidecar, self.cache_dir, sink.host, self.build_variant)
         try:
@@ -265,28 +266,28 @@ class WeightLoader(ABC):
         if args.partial:
             logger.info(f"{self.model_name}: {args.n_layers}-layer build; cache not marked complete")
         else:
-            mark_weight_cache_complete(
-                self.cache_dir,
-                state.manifest_view(self.is_host_weight),
-                model_name=self.model_name,
-                n_layers=args.n_layers,
-                mesh_shape=self.mesh_shape,
-                components=self.components,
-                build_variant=self.build_variant,
-                is_moe=args.is_mixture_of_experts,
-                is_host_weight=self.is_host_weight,
-                model_config=read_config(self.checkpoint_dir),
-                model_info={
-                    **self.model_info(args, state),
-                    "checkpoint_fingerprint": checkpoint_fingerprint(self.checkpoint_dir),
-                },
-                cache_files=cache.files,
-                digests=digests,
-            )
+            self._mark_complete(args, state, cache.files, digests, fingerprint)
         reader.close()
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
+        timings = {"from_torch": cache.convert_seconds, "convert": convert_seconds, "finish": seconds - convert_seconds}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
-                           reason, seconds, {"from_torch": cache.convert_seconds, "convert": convert_seconds,
-                                    "finish": seconds - convert_seconds})
+                           reason, seconds, timings)
 
+    def _mark_complete(self, args: ModelArgs, state: LazyStateDict, files: list[str], digests: dict[str, str],
+                       fingerprint: list[list[Any]]) -> None:
+        mark_weight_cache_complete(
+            self.cache_dir,
+            state.manifest_view(self.is_host_weight),
+            model_name=self.model_name,
+            n_layers=args.n_layers,
+            mesh_shape=self.mesh_shape,
+            components=self.components,
+            build_variant=self.build_variant,
+            is_moe=args.is_mixture_of_experts,
+            is_host_weight=self.is_host_weight,
+            model_config=args.config,
+            model_info={**self.model_info(args, state), "checkpoint_fingerprint": fingerprint},
+            cache_files=files,
+            digests=digests,
+        )
