@@ -251,7 +251,10 @@ class WeightLoader(ABC):
         fingerprint = checkpoint_fingerprint(self.checkpoint_dir)
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # the writes below report it once and the build goes on
+            logger.warning(f"Cannot create {self.cache_dir}: {error}")
         cache = TensorCache(self.cache_dir, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device)
         sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)])
         if sink.host and not args.partial:
@@ -265,6 +268,8 @@ class WeightLoader(ABC):
         digests = cache.finish()
         if args.partial:
             logger.info(f"{self.model_name}: {args.n_layers}-layer build; cache not marked complete")
+        elif cache.write_errors:
+            logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold (not writable)")
         else:
             self._mark_complete(args, state, cache.files, digests, fingerprint)
         reader.close()

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import ttnn
+from loguru import logger
 
 from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
 from models.common.mesh import MeshShape, Placement, shard
@@ -93,6 +94,7 @@ class TensorCache:
         self.files: list[str] = []
         self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
         self._pending: list[Future] = []  # each gives {relative path: content digest}
+        self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
@@ -107,7 +109,7 @@ class TensorCache:
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
-            self._pending.append(self._writer.submit(self._write, self.cache_dir, relative, result))
+            self._pending.append(self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result))
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
@@ -133,7 +135,19 @@ class TensorCache:
     def submit_file(self, write: Callable[..., dict[str, str]], *args: Any) -> None:
         """Run another file writer (returning ``{relative path: digest}``) on the writer thread,
         overlapped with conversion like the tensorbins."""
-        self._pending.append(self._writer.submit(write, *args))
+        self._pending.append(self._writer.submit(self._guarded, write, *args))
+
+    def _guarded(self, write: Callable[..., dict[str, str]], *args: Any) -> dict[str, str]:
+        """Run a writer; a cache dir that cannot be written is reported once, not fatal: the
+        tensors are already converted, so the build succeeds and only the caching is lost."""
+        if self.write_errors:
+            return {}
+        try:
+            return write(*args)
+        except (OSError, RuntimeError) as error:
+            self.write_errors.append(str(error))
+            logger.warning(f"Cannot write the weight cache {self.cache_dir} ({error}); building in memory only")
+            return {}
 
     def finish(self) -> dict[str, str]:
         """Wait for every write; return ``{relative path: content digest}`` of the files written."""
@@ -141,8 +155,9 @@ class TensorCache:
         for future in self._pending:
             digests.update(future.result())
         self._pending.clear()
-        for directory in {(self.cache_dir / relative).parent for relative in digests}:
-            fsync_dir(directory)
+        if not self.write_errors:
+            for directory in {(self.cache_dir / relative).parent for relative in digests}:
+                fsync_dir(directory)
         if self._writer is not None:
             self._writer.shutdown(wait=True)
         return digests

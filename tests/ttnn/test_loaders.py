@@ -234,3 +234,21 @@ def test_warm_start_process_imports_nothing_heavy(family, checkpoints, cache_roo
     out = subprocess.run([sys.executable, "-c", WARM_START_PROBE, family, str(checkpoints[family])],
                          env=dict(os.environ), capture_output=True, text=True)
     assert out.stdout.split()[-2:] == ["WARM", "-"], out.stdout + out.stderr[-2000:]
+
+
+def test_warm_build_from_a_read_only_cache(checkpoints, cache_root, readonly_view):
+    LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
+    view = readonly_view(cache_root)
+    warm = LlamaLoader(checkpoints["llama"], precision="bfloat16", cache_root=view).load()
+    assert warm.warm and warm.cache_dir.is_relative_to(view)
+
+
+def test_cold_build_into_a_read_only_cache_warns_and_still_builds(checkpoints, cache_root, readonly_view,
+                                                                  captured_warnings):
+    cache_root.mkdir(parents=True)
+    view = readonly_view(cache_root)
+    loaded = LlamaLoader(checkpoints["llama"], precision="bfloat16", cache_root=view).load()
+    assert not loaded.warm and "not writable" in captured_warnings()
+    expected = hf_logits(checkpoints["llama"], PROMPT)
+    assert (ReferenceDecoder(loaded).logits(PROMPT) - expected).abs().max().item() < 1e-3
+    assert not any(view.rglob("*.tensorbin")) and not any(view.rglob(".weights_complete*"))
