@@ -138,7 +138,7 @@ DROP_FILE_PERMISSION_BYPASS = [
 
 def run_helper(*args: str, prefix: list[str] | None = None, timeout: float = 120) -> dict:
     """Run ``tests.ttnn.helpers.weight_cache_seeder`` in a child process (``prefix``: a wrapper
-    command such as :data:`DROP_FILE_PERMISSION_BYPASS`); return the JSON of its last stdout line."""
+    command such as :data:`DROP_FILE_PERMISSION_BYPASS`); return the JSON report it prints."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run(
         [*(prefix or []), sys.executable, "-m", "tests.ttnn.helpers.weight_cache_seeder", *args],
@@ -149,7 +149,10 @@ def run_helper(*args: str, prefix: list[str] | None = None, timeout: float = 120
         timeout=timeout,
     )
     assert result.returncode == 0, f"helper {args} failed:\n{result.stderr[-3000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    # ttnn's C++ logger may print to stdout at exit (after the report), so take the last JSON line
+    reports = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert reports, f"helper {args} printed no report:\n{result.stdout[-3000:]}"
+    return json.loads(reports[-1])
 
 
 @pytest.fixture
