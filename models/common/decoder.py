@@ -35,7 +35,7 @@ from models.common.loader import WeightLoader, WeightSink
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import TensorFormat
-from models.common.weight_cache import is_placeholder_tensor, placeholder
+from models.common.weight_cache import concat, stack
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (
     KeyRule(r"^model\.embed_tokens\.weight$", "tok_embeddings.weight"),
@@ -73,21 +73,6 @@ def kv_heads_per_column(n_kv_heads: int, cols: int) -> list[list[int]]:
     if cols % n_kv_heads == 0:
         return [[c * n_kv_heads // cols] for c in range(cols)]
     raise ValueError(f"{n_kv_heads} KV heads cannot be spread over {cols} mesh columns")
-
-
-def concat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
-    """``torch.cat`` that stays cheap on placeholders: torch's meta kernel for ``cat`` pulls in
-    its decomposition machinery, about 4 s of imports on first use, on every warm start."""
-    if all(is_placeholder_tensor(t) for t in tensors):
-        shape = list(tensors[0].shape)
-        shape[dim] = sum(t.shape[dim] for t in tensors)
-        return placeholder(shape, tensors[0].dtype)
-    return torch.cat(list(tensors), dim=dim)
-
-
-def stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack`` along a new first dim, cheap on placeholders like :func:`concat`."""
-    return concat([t.unsqueeze(0) for t in tensors], dim=0)
 
 
 def _heads(weight: torch.Tensor, indices: Sequence[int], head_dim: int) -> list[torch.Tensor]:

@@ -42,7 +42,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -662,13 +662,42 @@ def mark_weight_cache_complete(
 def placeholder(shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
     """A tensor with this shape and dtype and no storage (torch ``meta``).
 
-    Host-side reshapes, transposes, permutes, cats, chunks and dtype casts work on it; reading
-    its values, or converting it to a ttnn tensor, raises."""
+    Host-side reshapes, transposes, permutes, cats, chunks and dtype casts work on it (loaders
+    use :func:`concat`, :func:`stack` and :func:`fp32_elementwise`, which skip torch's slow meta
+    kernels); reading its values, or converting it to a ttnn tensor, raises."""
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
 def is_placeholder_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_meta
+
+
+# Host transforms that stay cheap on placeholders. Views (reshape, transpose, narrow, chunk) are
+# free on torch ``meta`` tensors, but ``cat`` and arithmetic go through torch's meta kernels, whose
+# first use imports its decomposition machinery: about 4 s on every warm start. Loaders use these
+# instead; on placeholders they compute only the result's shape and dtype.
+
+
+def concat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``torch.cat``, shape-only on placeholders."""
+    if all(is_placeholder_tensor(t) for t in tensors):
+        shape = list(tensors[0].shape)
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+        return placeholder(shape, tensors[0].dtype)
+    return torch.cat(list(tensors), dim=dim)
+
+
+def stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack`` along a new first dim, shape-only on placeholders."""
+    return concat([t.unsqueeze(0) for t in tensors], dim=0)
+
+
+def fp32_elementwise(weight: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``transform(weight.float())`` for an elementwise transform (same shape, float32 result),
+    shape-only on placeholders."""
+    if is_placeholder_tensor(weight):
+        return placeholder(weight.shape, torch.float32)
+    return transform(weight.float())
 
 
 class CachedStateDict(MutableMapping):

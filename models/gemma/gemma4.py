@@ -73,7 +73,7 @@ from models.common.decoder import (
 from models.common.loader import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
-from models.common.weight_cache import is_placeholder_tensor, placeholder
+from models.common.weight_cache import fp32_elementwise
 from models.gemma.loader import GEMMA_NORM_FORMAT, GEMMA_NORM_RULES, HOST_EMBEDDING
 
 HOST_PER_LAYER_EMBEDDING = "tok_embeddings_per_layer.weight"
@@ -172,10 +172,8 @@ def gemma4_layer(config: dict[str, Any], layer: int) -> Gemma4Layer:
 
 def router_norm(scale: torch.Tensor, dim: int) -> torch.Tensor:
     """The router's ``rms_norm(x) * scale * dim**-0.5`` as one RMSNorm weight, kept in fp32
-    (the product is not a bf16 number). A placeholder skips the arithmetic (math on meta tensors is slow to set up)."""
-    if is_placeholder_tensor(scale):
-        return norm_for_device(placeholder(scale.shape, torch.float32))
-    return norm_for_device(scale.float() * dim**-0.5)
+    (the product is not a bf16 number)."""
+    return norm_for_device(fp32_elementwise(scale, lambda s: s * dim**-0.5))
 
 
 class Gemma4Loader(DecoderLoader):

@@ -23,7 +23,7 @@ from models.common.decoder import HF_DECODER_RULES, DecoderLoader, norm_for_devi
 from models.common.mesh import REPLICATED
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import TensorFormat
-from models.common.weight_cache import is_placeholder_tensor, placeholder
+from models.common.weight_cache import fp32_elementwise
 
 GEMMA_NORM_RULES = (
     KeyRule(r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"layers.\1.post_attention_norm.weight"),
@@ -34,13 +34,8 @@ HOST_EMBEDDING = "tok_embeddings.weight"
 
 
 def gemma_norm(weight: torch.Tensor) -> torch.Tensor:
-    """Gemma's ``x_normed * (1 + w)`` as a plain RMSNorm weight, the sum taken in fp32.
-
-    A placeholder gets its result's shape and dtype directly: arithmetic on torch ``meta``
-    tensors imports torch's decomposition machinery (seconds) on every warm start."""
-    if is_placeholder_tensor(weight):
-        return norm_for_device(placeholder(weight.shape, torch.float32))
-    return norm_for_device(weight.float() + 1.0)
+    """Gemma's ``x_normed * (1 + w)`` as a plain RMSNorm weight, the sum taken in fp32."""
+    return norm_for_device(fp32_elementwise(weight, lambda w: w + 1.0))
 
 
 GEMMA_NORM_FORMAT = TensorFormat(ttnn.float32, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)

@@ -652,3 +652,20 @@ def test_no_temp_file_is_left_after_a_successful_mark(seeded_cache) -> None:
     assert seeded_cache.mark()
     leftovers = [p for p in seeded_cache.root.rglob("*") if ".tmp." in p.name]
     assert leftovers == []
+
+
+def test_placeholder_safe_transforms_give_shapes_on_placeholders_and_values_on_real_tensors():
+    from models.common.weight_cache import concat, fp32_elementwise, placeholder, stack
+
+    real = [torch.randn(4, 3).to(torch.bfloat16), torch.randn(2, 3).to(torch.bfloat16)]
+    fake = [placeholder(t.shape, t.dtype) for t in real]
+    assert torch.equal(concat(real), torch.cat(real))
+    joined = concat(fake)
+    assert joined.is_meta and tuple(joined.shape) == (6, 3) and joined.dtype == torch.bfloat16
+    same = [real[0], real[0].clone()]
+    assert torch.equal(stack(same), torch.stack(same))
+    stacked = stack([fake[0], fake[0]])
+    assert stacked.is_meta and tuple(stacked.shape) == (2, 4, 3)
+    assert torch.equal(fp32_elementwise(real[0], lambda w: w + 1.0), real[0].float() + 1.0)
+    shifted = fp32_elementwise(fake[0], lambda w: w + 1.0)
+    assert shifted.is_meta and shifted.dtype == torch.float32 and tuple(shifted.shape) == (4, 3)
