@@ -94,30 +94,26 @@ def run_kill_trials(root: Path, logs: Path, trials: int, seed: int) -> list[tupl
     return outcomes
 
 
-def _reseed_recovers(root: Path) -> None:
-    """Whatever the kills left behind, one uninterrupted seed makes the cache warm and correct."""
+def _kill_then_reseed(tmp_path: Path, trials: int, seed: int) -> None:
+    """Kill seeders at random points; whatever that left behind, one uninterrupted seed then
+    makes the cache warm and correct."""
+    root, logs = tmp_path / "cache", tmp_path / "logs"
+    root.mkdir()
+    logs.mkdir()
+    outcomes = run_kill_trials(root, logs, trials=trials, seed=seed)
+    print(f"kill trials (rounds completed, warm after kill): {outcomes}")
     report = run_helper("seed", str(root))
     assert report["marked"] == [True]
     assert assert_warm_means_complete(root)
 
 
 def test_sigkill_at_random_points_never_leaves_a_warm_incomplete_cache(tmp_path: Path) -> None:
-    root, logs = tmp_path / "cache", tmp_path / "logs"
-    root.mkdir()
-    logs.mkdir()
-    outcomes = run_kill_trials(root, logs, trials=4, seed=1)
-    print(f"kill trials (rounds completed, warm after kill): {outcomes}")
-    _reseed_recovers(root)
+    _kill_then_reseed(tmp_path, trials=4, seed=1)
 
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_many_trials(tmp_path: Path) -> None:
-    root, logs = tmp_path / "cache", tmp_path / "logs"
-    root.mkdir()
-    logs.mkdir()
-    outcomes = run_kill_trials(root, logs, trials=40, seed=2)
-    print(f"kill trials (rounds completed, warm after kill): {outcomes}")
-    _reseed_recovers(root)
+    _kill_then_reseed(tmp_path, trials=40, seed=2)
 
 
 def test_debris_of_a_killed_writer_is_never_listed_or_read(seeded_cache) -> None:
