@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -82,11 +82,10 @@ class LazyStateDict(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self._reader
 
-    def manifest_view(self, host_keys: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-        """Shapes and dtypes of every tensor (as placeholders) with host weights real."""
-        return {
-            key: self._reader.get(key) if host_keys(key) else placeholder(*self._reader.spec(key)) for key in self._keys
-        }
+    def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Shapes and dtypes of every tensor (as placeholders), with the host weights already
+        read for the build (``host``) real: nothing is read again."""
+        return {key: host[key] if key in host else placeholder(*self._reader.spec(key)) for key in self._keys}
 
 
 @dataclass
@@ -271,7 +270,7 @@ class WeightLoader(ABC):
         elif cache.write_errors:
             logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold (not writable)")
         else:
-            self._mark_complete(args, state, cache.files, digests, fingerprint)
+            self._mark_complete(args, state, sink.host, cache.files, digests, fingerprint)
         reader.close()
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
@@ -279,11 +278,11 @@ class WeightLoader(ABC):
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings)
 
-    def _mark_complete(self, args: ModelArgs, state: LazyStateDict, files: list[str], digests: dict[str, str],
-                       fingerprint: list[list[Any]]) -> None:
+    def _mark_complete(self, args: ModelArgs, state: LazyStateDict, host: Mapping[str, torch.Tensor],
+                       files: list[str], digests: dict[str, str], fingerprint: list[list[Any]]) -> None:
         mark_weight_cache_complete(
             self.cache_dir,
-            state.manifest_view(self.is_host_weight),
+            state.manifest_view(host),
             model_name=self.model_name,
             n_layers=args.n_layers,
             mesh_shape=self.mesh_shape,
