@@ -162,3 +162,39 @@ def test_fast_contiguous_transpose_is_exact(shape, dtype):
     for view in (source.T, source[:, 1:], source):
         result = contiguous(view)
         assert result.is_contiguous() and result.dtype == dtype and torch.equal(result, view)
+
+
+def test_unreadable_shard_index_is_a_clear_checkpoint_error(tmp_path):
+    from models.common.checkpoint import safetensors_files
+
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(CheckpointError, match="cannot read"):
+        safetensors_files(tmp_path)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(CheckpointError, match="holds no"):
+        safetensors_files(tmp_path)
+
+
+def test_registry_maps_model_types_and_rejects_unknown_ones():
+    from models.registry import family_of, loader_class
+
+    assert family_of({"model_type": "gemma3_text"}) == "gemma3"
+    assert loader_class("qwen3_moe").family == "qwen3_moe"
+    with pytest.raises(ValueError, match="no loader for model_type"):
+        family_of({"model_type": "bert"})
+    with pytest.raises(ValueError, match="unknown family"):
+        loader_class("bert")
+
+
+def test_attention_heads_that_cannot_be_spread_are_a_clear_error():
+    from models.common.decoder import fuse_qkv, kv_heads_per_column
+    from models.common.model_args import ModelArgs
+
+    assert kv_heads_per_column(2, 8) == [[0], [0], [0], [0], [1], [1], [1], [1]]
+    with pytest.raises(ValueError, match="KV heads cannot be spread"):
+        kv_heads_per_column(3, 2)
+    args = ModelArgs.from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 6, "hidden_size": 64,
+                                     "vocab_size": 8, "head_dim": 8, "num_key_value_heads": 2})
+    w = torch.zeros(48, 64)
+    with pytest.raises(ValueError, match="attention heads cannot be split"):
+        fuse_qkv(w, torch.zeros(16, 64), torch.zeros(16, 64), args, cols=4)

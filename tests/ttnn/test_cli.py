@@ -71,3 +71,9 @@ def test_check_of_an_empty_dir_is_cold(seeded, tmp_path):
     env, _, _ = seeded
     out = tt_cache("check", str(tmp_path), env=env)
     assert out.returncode == 1 and "no completion marker" in out.stdout
+
+
+def test_build_without_checkpoint_or_family_is_a_usage_error(seeded, tmp_path):
+    env, _, _ = seeded
+    out = tt_cache("build", str(tmp_path / "absent"), env=env)
+    assert out.returncode == 2 and "--family" in out.stderr

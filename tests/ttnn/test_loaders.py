@@ -253,3 +253,10 @@ def test_cold_build_into_a_read_only_cache_warns_and_still_builds(checkpoints, c
     expected = hf_logits(checkpoints["llama"], PROMPT)
     assert (ReferenceDecoder(loaded).logits(PROMPT) - expected).abs().max().item() < 1e-3
     assert not any(view.rglob("*.tensorbin")) and not any(view.rglob(".weights_complete*"))
+
+
+@pytest.mark.parametrize("options, message", [(dict(precision="fp8"), "precision"),
+                                              (dict(components=["audio"]), "no components")])
+def test_bad_loader_options_are_clear_errors(options, message, checkpoints, cache_root):
+    with pytest.raises(ValueError, match=message):
+        LlamaLoader(checkpoints["llama"], **options)
