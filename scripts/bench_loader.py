@@ -73,7 +73,8 @@ else:
                     del source, piece, target
         result["pages"] = time.perf_counter() - t
         result["inner"] += result["pages"]
-    result["cache_bytes"] = sum(p.stat().st_size for p in loaded.cache_dir.rglob("*") if p.is_file())
+    from models.common.weight_cache import cache_bytes
+    result["cache_bytes"] = cache_bytes(loaded.cache_dir)
     result["cache_dir"] = str(loaded.cache_dir)
 result["process"] = time.perf_counter() - t0
 result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -69,12 +69,9 @@ def _mesh_tuple(text: str) -> tuple[int, ...] | str:
         return text
 
 
-def _size(cache_dir: Path) -> int:
-    return sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file())
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
     from models.common.loader import default_cache_root
+    from models.common.weight_cache import cache_bytes
 
     root = Path(args.root or default_cache_root())
     rows = 0
@@ -85,7 +82,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 f"{marker.model_name} layers={marker.n_layers} mesh={marker.mesh_shape} "
                 f"components={','.join(marker.components)} files={len(marker.files)}"
             )
-            print(f"{cache_dir}  {_size(cache_dir) / 2**20:,.1f} MiB  {what}  {verdict}")
+            print(f"{cache_dir}  {cache_bytes(cache_dir) / 2**20:,.1f} MiB  {what}  {verdict}")
     if not rows:
         print(f"no weight caches under {root}")
     return 0

@@ -153,6 +153,11 @@ def list_cache_files(cache_path: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
+def cache_bytes(cache_path: str | os.PathLike) -> int:
+    """Bytes on disk of everything in a cache dir (tensorbins, sidecars, markers)."""
+    return sum(p.stat().st_size for p in Path(cache_path).rglob("*") if p.is_file())
+
+
 # --------------------------------------------------------------------------------------------
 # The marker, parsed and validated as data
 # --------------------------------------------------------------------------------------------

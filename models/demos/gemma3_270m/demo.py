@@ -30,13 +30,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def build_phase(snapshot: str, precision: str, mesh: str) -> dict:
     """One load in this process; returns its numbers (run in a child for a clean peak RSS)."""
+    from models.common.weight_cache import cache_bytes
     from models.gemma import Gemma3Loader
 
     start = time.perf_counter()
     loaded = Gemma3Loader(snapshot, precision=precision, mesh_shape=mesh).load()
     seconds = time.perf_counter() - start
-    cache_bytes = sum(p.stat().st_size for p in loaded.cache_dir.rglob("*") if p.is_file())
-    return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir), "cache_bytes": cache_bytes,
+    return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir),
+            "cache_bytes": cache_bytes(loaded.cache_dir),
             "tensors": len(loaded.weights), "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
