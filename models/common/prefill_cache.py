@@ -80,6 +80,7 @@ from models.common.fileio import (
     is_temp_path,
     sha256_bytes,
     sha256_file,
+    unique_temp_path,
     write_all,
 )
 
@@ -1174,7 +1175,7 @@ def _publish_wave(wave: list[_StagedObject]) -> None:
 
 
 def _manifest_temp(sidecar: FrozenBackboneFeatureSidecar) -> Path:
-    return sidecar.paths.manifest.with_name(f".manifest.json.tmp.{os.getpid()}.wave")
+    return unique_temp_path(sidecar.paths.manifest)
 
 
 def _directories_to_sync(wave: Iterable[_StagedObject]) -> Iterator[Path]:
