@@ -186,6 +186,21 @@ class WeightCacheMarker:
     weights: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(repr=False)
 
 
+def weights_identity(marker: WeightCacheMarker) -> str:
+    """SHA-256 naming exactly the converted weights a marker vouches for (each file's path within
+    its build and content digest): equal for bit-identical builds, different for any other.
+
+    Consumers that derive data from a loaded model (the prefill cache's authority) key on it."""
+    lines = sorted(f"{_build_relative(r.path)}:{r.digest}" for r in marker.files)
+    if marker.host_sidecar is not None:
+        lines.append(f"sidecar:{marker.host_sidecar.digest}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _build_relative(path: str) -> str:
+    return path
+
+
 class MarkerFormatError(ValueError):
     """The marker's bytes are not a valid v4 marker; the message says which field."""
 
