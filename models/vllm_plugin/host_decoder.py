@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Batched host forward with a paged KV cache, from the cached ttnn tensors.
+
+The project's reference forward (:mod:`models.common.reference`, :mod:`models.gemma.gemma4_reference`)
+recomputes a whole prompt each call. Serving needs more: several sequences in one forward,
+positions that continue where the cache left off, and keys and values kept in vLLM's pages. The
+decoders here reuse the reference forward for everything but attention (weights read back from
+their ttnn tensors per mesh column, norms, MLP, MoE, Gemma's per-layer inputs) and replace
+attention with a paged one: each column writes its KV heads' new keys and values into the
+cache, then attends each sequence's queries over that sequence's cached context.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from models.common.decoder import kv_heads_per_column
+from models.common.loader import LoadedModel
+from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm
+from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
+from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache, position_mask
+
+# Per layer: (heads, head_dim) of each mesh column's KV cache, or None when the layer reads another's.
+KVLayout = list[list[tuple[int, int]] | None]
+
+
+class HostTable:
+    """A host-consumed embedding table read row by row: only the looked-up rows become fp32
+    (converting a 262k-row table on every step would cost more than the forward)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.table[rows].float()
+
+
+class ServingWeights(CachedWeights):
+    """:class:`CachedWeights` whose host tables are looked up, not converted whole."""
+
+    def full(self, name: str) -> torch.Tensor:
+        if name not in self.loaded.weights and f"{name}.weight" in self.loaded.host_weights:
+            return HostTable(self.loaded.host_weights[f"{name}.weight"])  # type: ignore[return-value]
+        return super().full(name)
+
+    def materialize(self) -> int:
+        """Read every device weight back to fp32 now (instead of on first use); returns its bytes."""
+        return sum(t.nbytes for name in self.loaded.weights for t in self.columns(name))
+
+
+class PagedAttention:
+    """The paged half of attention, shared by the decoders below: write, then attend per sequence."""
+
+    w: ServingWeights
+    batch: PagedBatch
+    cache: PagedKVCache
+
+    def attend_column(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache_layer: int,
+                      column: int, local: list[int], window: int | None, scale: float) -> torch.Tensor:
+        """``[N, heads * head_dim]`` attention output of one column's query heads (``local``: the
+        column-local KV head of each query head). ``k``/``v`` None: read only (a KV-shared layer)."""
+        if k is not None:
+            self.cache.write(cache_layer, column, k, v, self.batch)
+        out = []
+        for seq in self.batch.sequences:
+            keys, values = self.cache.read(cache_layer, column, seq)
+            mask = position_mask(self.batch.positions[seq.rows], seq.context_len, window)
+            out.append(attend(q[seq.rows], keys[:, local], values[:, local], mask, scale))
+        return torch.cat(out)
+
+    def run(self, batch: PagedBatch, cache: PagedKVCache) -> torch.Tensor:
+        """``[sequences, vocab]`` logits of each sequence's last new token; the cache is updated."""
+        self.batch, self.cache = batch, cache
+        hidden = self.hidden_states(batch.tokens)  # type: ignore[attr-defined]
+        return self.head(hidden[batch.last_rows])
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head (column shards concatenated) and logit soft-capping."""
+        args, text = self.args, self.text_config  # type: ignore[attr-defined]
+        x = rms_norm(x, self.w.vector("norm"), args.norm_eps)
+        logits = torch.cat([x @ head for head in self.w.columns("output")], dim=-1)
+        cap = text.get("final_logit_softcapping")
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class PagedDecoder(PagedAttention, ReferenceDecoder):
+    """Llama / Qwen3 / Qwen3-MoE / Gemma 3 with a paged KV cache."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__(loaded)
+        self.w = ServingWeights(loaded)
+
+    def kv_layout(self) -> KVLayout:
+        a = self.args
+        columns = [(len(heads), a.head_dim) for heads in kv_heads_per_column(a.n_kv_heads, self.cols)]
+        return [list(columns) for _ in range(a.n_layers)]
+
+    def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        a, p = self.args, f"layers.{layer}.attention."
+        sliding = self._layer_type(layer) == "sliding_attention"
+        inv_freq = self._inv_freq_local if sliding else self._inv_freq_global
+        scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
+        window = self.text_config.get("sliding_window") if sliding else None
+        per_q, group = a.n_heads // self.cols, a.n_heads // a.n_kv_heads
+        positions, rows = self.batch.positions, x.shape[0]
+        out = torch.zeros_like(x)
+        for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
+            kv_heads = kv_heads_per_column(a.n_kv_heads, self.cols)[c]
+            width = len(kv_heads) * a.head_dim
+            q, k, v = (t.reshape(rows, -1, a.head_dim) for t in (x @ wqkv).split([per_q * a.head_dim, width, width], -1))
+            if self.w.has(p + "q_norm"):
+                q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
+                k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
+            out += self.attend_column(q, k, v, layer, c, local, window, scale) @ wo
+        return out
+
+
+class PagedGemma4Decoder(PagedAttention, Gemma4Reference):
+    """Gemma 4 text with a paged KV cache; a KV-shared layer reads its producer layer's pages."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__(loaded)
+        self.w = ServingWeights(loaded)
+
+    @cached_property
+    def kv_source(self) -> list[int]:
+        """The layer whose cache each layer reads: itself, or for a KV-shared layer the last
+        unshared layer of its type (as the reference forward threads it)."""
+        last: dict[str, int] = {}
+        source = []
+        for i, shape in enumerate(self.layers):
+            if not shape.kv_shared:
+                last[shape.layer_type] = i
+            source.append(last[shape.layer_type] if shape.kv_shared else i)
+        return source
+
+    def kv_layout(self) -> KVLayout:
+        return [None if shape.kv_shared else
+                [(len(heads), shape.head_dim) for heads in kv_heads_per_column(shape.n_kv_heads, self.cols)]
+                for shape in self.layers]
+
+    def attention(self, x: torch.Tensor, layer: int, shared: SharedKV | None = None) -> torch.Tensor:
+        a, shape, p = self.args, self.layers[layer], f"layers.{layer}.attention."
+        hd, rows, positions = shape.head_dim, x.shape[0], self.batch.positions
+        inv_freq = self._inv_freq(shape.layer_type, hd)
+        window = self.text_config.get("sliding_window") if shape.sliding else None
+        per_q, group = a.n_heads // self.cols, a.n_heads // shape.n_kv_heads
+        out = torch.zeros_like(x)
+        for c, (w, wo) in enumerate(zip(self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
+            kv_heads = kv_heads_per_column(shape.n_kv_heads, self.cols)[c]
+            q, *kv = (x @ w).split([per_q * hd] + [len(kv_heads) * hd] * self._kv_parts(shape), -1)
+            q = apply_rope(rms_norm(q.reshape(rows, -1, hd), self.w.vector(p + "q_norm"), a.norm_eps), positions, inv_freq)
+            k = v = None
+            if not shape.kv_shared:
+                k, v = (t.reshape(rows, -1, hd) for t in (kv[0], kv[-1]))  # k_eq_v: one part, both
+                k = apply_rope(rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps), positions, inv_freq)
+                v = rms_norm(v, 1.0, a.norm_eps)
+            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
+            out += self.attend_column(q, k, v, self.kv_source[layer], c, local, window, 1.0) @ wo
+        return out
+
+
+def paged_decoder(loaded: LoadedModel) -> PagedDecoder | PagedGemma4Decoder:
+    """The paged host decoder of a loaded model's family."""
+    if loaded.args.model_type.startswith("gemma4"):
+        return PagedGemma4Decoder(loaded)
+    return PagedDecoder(loaded)

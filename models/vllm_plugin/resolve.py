@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where a vLLM-started model comes from, resolved as tt-metal's model code resolves it.
+
+* checkpoint: ``$MODEL_WEIGHTS_DIR``, else ``$HF_MODEL``, else ``hf_config._name_or_path`` (the
+  hub snapshot directory vLLM hands over under ``HF_HUB_OFFLINE=1``, or the id / directory the
+  user passed). It goes to the loader unchanged: the loader owns the cache identity, so a
+  cache-only deploy (config and tokenizer, no weights) is served by the cache of the same model.
+* cache root: ``$TT_CACHE_PATH`` (read by the loader itself).
+* mesh: the open ``mesh_device`` if there is one, else ``$MESH_DEVICE`` (``N150|N300|T3K|TG|
+  BH-Galaxy|...`` or ``"(r,c)"``), else one device.
+* precision: tt-metal's ``optimizations`` (``performance``: bfloat8_b weights, ``accuracy``:
+  bfloat16), unless a precision is named outright.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from models.common.mesh import MeshShape, parse_mesh_shape
+
+CHECKPOINT_ENVS = ("MODEL_WEIGHTS_DIR", "HF_MODEL")
+MESH_ENV = "MESH_DEVICE"
+# tt-metal's MESH_DEVICE names beyond the ones models.common.mesh knows.
+MESH_ALIASES: dict[str, MeshShape] = {
+    "P150": (1, 1), "P300": (1, 2), "N150X4": (1, 4), "P150X4": (1, 4), "P150X8": (1, 8),
+    "BH-GALAXY": (8, 4), "BH_GALAXY": (8, 4), "GALAXY": (8, 4),
+}
+OPTIMIZATION_PRECISIONS = {"performance": "bfloat8_b", "accuracy": "bfloat16"}
+
+
+class ResolveError(ValueError):
+    """A setting the TT model cannot run with (named, with what it expected)."""
+
+
+def checkpoint_reference(hf_config: Any) -> str:
+    """The checkpoint as the user or vLLM named it: an env override, else the config's own path."""
+    for name in CHECKPOINT_ENVS:
+        if os.environ.get(name):
+            return os.environ[name]
+    reference = getattr(hf_config, "_name_or_path", None) or getattr(hf_config, "name_or_path", None)
+    if not reference:
+        raise ResolveError(f"no checkpoint named: set one of {', '.join(CHECKPOINT_ENVS)} or pass a model path")
+    return str(reference)
+
+
+def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
+    """The mesh a model is laid out for: the open device's shape, else ``$MESH_DEVICE``, else 1x1."""
+    if mesh_device is not None:
+        rows, cols = tuple(mesh_device.shape)
+        return int(rows), int(cols)
+    value = os.environ.get(MESH_ENV, "").strip()
+    if not value:
+        return (1, 1)
+    if value.upper() in MESH_ALIASES:
+        return MESH_ALIASES[value.upper()]
+    try:
+        return parse_mesh_shape(value)
+    except ValueError as error:
+        known = sorted({"N150", "N300", "T3K", "TG", *MESH_ALIASES})
+        raise ResolveError(f"{MESH_ENV}={value!r}: expected one of {known} or '(rows,cols)' ({error})") from None
+
+
+def precision_for(optimizations: str | None, precision: str | None = None) -> str:
+    """The weight precision of a build: ``precision`` if named, else the one ``optimizations`` implies."""
+    if precision:
+        return precision
+    key = (optimizations or "performance").lower()
+    if key not in OPTIMIZATION_PRECISIONS:
+        raise ResolveError(f"optimizations={optimizations!r}: expected one of {sorted(OPTIMIZATION_PRECISIONS)}")
+    return OPTIMIZATION_PRECISIONS[key]

@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The TT model interface vLLM's Tenstorrent model runner calls, one class per architecture.
+
+``initialize_vllm_model`` builds the model through its family's loader, so a warm ttnn cache is
+used and no checkpoint file is opened; then ``allocate_kv_cache``, ``prefill_forward``,
+``decode_forward`` and ``read_decode_output`` serve vLLM's paged batches. The forward runs on
+the host from the cached ttnn tensors (:mod:`models.vllm_plugin.host_decoder`). With an open
+``mesh_device`` the loader also puts the weights on the device; a device forward is not part of
+this project, so the host forward still computes the tokens.
+
+Nothing here imports vLLM: these classes are usable (and tested) without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from loguru import logger
+
+from models.common.loader import LoadedModel
+from models.registry import loader_class
+from models.vllm_plugin.architectures import MODEL_CAPABILITIES
+from models.vllm_plugin.host_decoder import paged_decoder
+from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
+from models.vllm_plugin.resolve import ResolveError, checkpoint_reference, mesh_shape_for, precision_for
+
+
+class TTHostCausalLM:
+    """A decoder served from the warm ttnn cache; subclasses name their family."""
+
+    family: ClassVar[str]
+    model_capabilities: ClassVar[dict[str, bool]] = MODEL_CAPABILITIES
+
+    def __init__(self, loaded: LoadedModel, max_batch_size: int, max_seq_len: int | None,
+                 mesh_device: Any = None) -> None:
+        self.loaded = loaded
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len or loaded.args.max_position_embeddings
+        self.mesh_device = mesh_device
+        self.decoder = paged_decoder(loaded)
+        self.timings: dict[str, float] = {"weights": loaded.seconds}
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
+                              max_seq_len: int | None = None, n_layers: int | None = None, tt_data_parallel: int = 1,
+                              optimizations: str | None = "performance", precision: str | None = None,
+                              **kwargs: Any) -> TTHostCausalLM:
+        """Load through the family's loader (warm from the cache when it is complete)."""
+        if tt_data_parallel != 1:
+            raise ResolveError(f"tt_data_parallel={tt_data_parallel}: the host forward serves one replica")
+        model = checkpoint_reference(hf_config)
+        loader = loader_class(cls.family)(model, mesh_shape=mesh_shape_for(mesh_device),
+                                          precision=precision_for(optimizations, precision),
+                                          num_layers=n_layers, mesh_device=mesh_device)
+        loaded = loader.load()
+        state = "warm" if loaded.warm else f"cold ({loaded.reason})"
+        logger.info(f"{cls.__name__}: {model} loaded {state} in {loaded.seconds:.3f} s from {loaded.cache_dir}")
+        return cls(loaded, max_batch_size, max_seq_len, mesh_device)
+
+    # -- KV cache ---------------------------------------------------------------------------
+
+    def allocate_kv_cache(self, kv_cache_shape: Sequence[int], dtype: torch.dtype, num_layers: int) -> PagedKVCache:
+        """Host pages for every layer. ``kv_cache_shape`` is vLLM's ``(num_blocks, kv_heads,
+        block_size, head_dim)``; heads and head_dim per layer and column come from the model."""
+        num_blocks, _, block_size, _ = kv_cache_shape
+        layout = self.decoder.kv_layout()
+        if num_layers != len(layout):
+            raise ValueError(f"vLLM asked for {num_layers} KV cache layers; the model has {len(layout)}")
+        return PagedKVCache.allocate(layout, int(num_blocks), int(block_size))
+
+    # -- forward ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill_forward(self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: PagedKVCache,
+                        prompt_lens: Sequence[int], start_pos: Sequence[int] | None = None,
+                        **kwargs: Any) -> torch.Tensor:
+        """``[batch, 1, vocab]`` logits of each prompt's last token. ``tokens`` ``[batch, >=len]``
+        holds each prompt (padded); positions below ``start_pos`` are already cached."""
+        starts = [0] * len(prompt_lens) if start_pos is None else [int(s) for s in start_pos]
+        chunks = [(tokens[i, starts[i]:int(n)].tolist(), starts[i], page_table[i]) for i, n in enumerate(prompt_lens)]
+        return self._run(chunks, kv_cache)
+
+    @torch.no_grad()
+    def decode_forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, page_table: torch.Tensor | None = None,
+                       kv_cache: PagedKVCache | None = None, enable_trace: bool = False, read_from_device: bool = True,
+                       **kwargs: Any) -> torch.Tensor:
+        """``[batch, 1, vocab]`` logits after one new token per sequence at position ``start_pos``."""
+        if page_table is None or kv_cache is None:
+            raise ValueError("decode_forward needs the page table and the KV cache")
+        chunks = [([int(tokens[i].reshape(-1)[0])], int(start_pos[i]), page_table[i]) for i in range(len(start_pos))]
+        return self._run(chunks, kv_cache)
+
+    def read_decode_output(self, tt_out: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The host forward's output is already on the host."""
+        return tt_out
+
+    def _run(self, chunks: list, kv_cache: PagedKVCache) -> torch.Tensor:
+        batch = PagedBatch.build(chunks, kv_cache.block_size)
+        return self.decoder.run(batch, kv_cache).unsqueeze(1)
+
+    # -- warmup -----------------------------------------------------------------------------
+
+    def warmup_model_prefill(self, kv_cache: PagedKVCache, enable_trace: bool = False, **kwargs: Any) -> None:
+        """Read every weight back from its ttnn tensor now, then run one token through every
+        layer in block 0 (vLLM's null block, never handed to a request)."""
+        start = time.perf_counter()
+        nbytes = self.decoder.w.materialize()
+        self.timings["materialize"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.prefill_forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), kv_cache, [1])
+        self.timings["warmup_forward"] = time.perf_counter() - start
+        logger.info(f"{type(self).__name__}: {nbytes / 2**20:.0f} MiB of weights read back for the host forward in "
+                    f"{self.timings['materialize']:.2f} s; warm-up forward {self.timings['warmup_forward']:.2f} s")
+
+    def warmup_model_decode(self, kv_cache: PagedKVCache, enable_trace: bool = False, **kwargs: Any) -> None:
+        """Nothing to capture on the host (no traces): decode reuses the prefill path."""
+
+
+class TTLlamaForCausalLM(TTHostCausalLM):
+    family = "llama"
+
+
+class TTQwen3ForCausalLM(TTHostCausalLM):
+    family = "qwen3"
+
+
+class TTQwen3MoeForCausalLM(TTHostCausalLM):
+    family = "qwen3_moe"
+
+
+class TTGemma3ForCausalLM(TTHostCausalLM):
+    family = "gemma3"
+
+
+class TTGemma4ForCausalLM(TTHostCausalLM):
+    family = "gemma4"
