@@ -9,5 +9,11 @@ setup(
     packages=find_packages(include=["models", "models.*"]),
     package_data={"models.common": ["mock_clusters/*.yaml"]},
     install_requires=["ttnn", "torch", "safetensors", "loguru", "blake3", "numpy"],
-    entry_points={"console_scripts": ["tt-cache=models.common.cli:main"]},
+    extras_require={"vllm": ["vllm==0.33.0"]},
+    entry_points={
+        "console_scripts": ["tt-cache=models.common.cli:main"],
+        # Inert without vllm: models.vllm_plugin imports vllm only when vllm is installed.
+        "vllm.platform_plugins": ["tt_host = models.vllm_plugin:register"],
+        "vllm.general_plugins": ["tt_models = models.vllm_plugin:register_models"],
+    },
 )

@@ -1,2 +1,53 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM plugin: placeholder."""
+"""vLLM plugin: serve the project's models through ``vllm.LLM`` from the warm ttnn cache.
+
+Two entry points (``setup.py``), both inert when vLLM is not installed:
+
+* ``vllm.platform_plugins`` -> :func:`register`: the TT host platform, for machines with no
+  Tenstorrent card (on a card, tt-metal's own vLLM plugin is the platform) and no CUDA device.
+* ``vllm.general_plugins`` -> :func:`register_models`: ``TT<Arch>`` model classes in vLLM's model
+  registry, by import string (nothing heavy is imported until a model loads).
+
+Importing this package imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+PLATFORM_CLS = "models.vllm_plugin.platform.TTHostPlatform"
+DISABLE_ENV = "TT_VLLM_HOST_PLATFORM"  # "0": leave the platform choice to vLLM
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def register() -> str | None:
+    """The platform class for vLLM, or None when this machine is not the host platform's to serve."""
+    if not vllm_available() or os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    from models.common.device_env import tenstorrent_card_present
+
+    if tenstorrent_card_present():
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return PLATFORM_CLS
+
+
+def register_models() -> None:
+    """Register ``TT<Arch>`` for every supported architecture not registered already."""
+    if not vllm_available():
+        return
+    from vllm import ModelRegistry
+
+    from models.vllm_plugin.architectures import ARCHITECTURES, tt_architecture, tt_class_path
+
+    known = ModelRegistry.get_supported_archs()
+    for arch in ARCHITECTURES:
+        if tt_architecture(arch) not in known:
+            ModelRegistry.register_model(tt_architecture(arch), tt_class_path(arch))

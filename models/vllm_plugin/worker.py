@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM's worker on the TT host platform: what vLLM 0.33's engine core calls, handed to the runner."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from models.vllm_plugin.model_runner import TTHostModelRunner
+
+KV_CACHE_LAYOUT = "NHD"
+
+
+class TTHostWorker(WorkerBase):
+    model_runner: TTHostModelRunner
+
+    def init_device(self) -> None:
+        self.device = torch.device("cpu")
+        if self.model_config.seed is not None:
+            torch.manual_seed(self.model_config.seed)
+        self.model_runner = TTHostModelRunner(self.vllm_config)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        if load_dummy_weights:
+            raise ValueError("the TT host worker loads real weights only (from the ttnn cache or the checkpoint)")
+        self.model_runner.load_model()
+
+    def get_model(self) -> Any:
+        return self.model_runner.model
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return self.model_runner.kv_cache_spec()
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        return [KV_CACHE_LAYOUT]
+
+    def determine_available_memory(self) -> int:
+        return self.model_runner.available_kv_bytes()
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        self.model_runner.initialize_kv_cache(kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        start = time.perf_counter()
+        self.model_runner.warm_up()
+        self.model_runner.timings["warm_up"] = time.perf_counter() - start
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.model_config.max_model_len = max_model_len
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        raise RuntimeError("the TT host worker samples inside execute_model; structured outputs are not supported")
+
+    def check_health(self) -> None:
+        return
+
+    def get_cache_block_size_bytes(self) -> int:
+        spec = next(iter(self.get_kv_cache_spec().values()))
+        return spec.page_size_bytes * len(self.get_kv_cache_spec())
