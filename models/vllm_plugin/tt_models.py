@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from loguru import logger
 
+from models.common.checkpoint import CheckpointError
 from models.common.loader import LoadedModel
 from models.registry import loader_class
 from models.vllm_plugin.architectures import MODEL_CAPABILITIES
@@ -55,7 +56,14 @@ class TTHostCausalLM:
         loader = loader_class(cls.family)(model, mesh_shape=mesh_shape_for(mesh_device),
                                           precision=precision_for(optimizations, precision),
                                           num_layers=n_layers, mesh_device=mesh_device)
-        loaded = loader.load()
+        try:
+            loaded = loader.load()
+        except CheckpointError as error:
+            raise CheckpointError(
+                f"cannot start {model}: no warm ttnn cache for it in {loader.cache_dir} and no checkpoint weights "
+                f"to build one from ({error}). Build the cache where the weights are (tt-cache build) and point "
+                f"TT_CACHE_PATH at it, or make the weights reachable (MODEL_WEIGHTS_DIR, HF_MODEL, HF_HOME)."
+            ) from None
         state = "warm" if loaded.warm else f"cold ({loaded.reason})"
         logger.info(f"{cls.__name__}: {model} loaded {state} in {loaded.seconds:.3f} s from {loaded.cache_dir}")
         return cls(loaded, max_batch_size, max_seq_len, mesh_device)
@@ -114,6 +122,13 @@ class TTHostCausalLM:
         self.timings["warmup_forward"] = time.perf_counter() - start
         logger.info(f"{type(self).__name__}: {nbytes / 2**20:.0f} MiB of weights read back for the host forward in "
                     f"{self.timings['materialize']:.2f} s; warm-up forward {self.timings['warmup_forward']:.2f} s")
+
+    def startup_report(self) -> dict[str, Any]:
+        """How this model started: warm or cold (and why), where from, and the seconds of each step."""
+        loaded = self.loaded
+        return {"model": type(self).__name__, "warm": loaded.warm, "reason": loaded.reason,
+                "cache_dir": str(loaded.cache_dir), "mesh_shape": list(loaded.mesh_shape),
+                "layers": loaded.args.n_layers, **{f"{k}_seconds": v for k, v in self.timings.items()}}
 
     def warmup_model_decode(self, kv_cache: PagedKVCache, enable_trace: bool = False, **kwargs: Any) -> None:
         """Nothing to capture on the host (no traces): decode reuses the prefill path."""

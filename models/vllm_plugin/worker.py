@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from models.vllm_plugin.model_runner import TTHostModelRunner
 
 KV_CACHE_LAYOUT = "NHD"
+THREADS_ENV = "TT_HOST_THREADS"
 
 
 class TTHostWorker(WorkerBase):
@@ -22,6 +24,9 @@ class TTHostWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        # One thread unless told otherwise: on a shared host, torch's OpenMP threads spin against
+        # each other and small decode steps get many times slower.
+        torch.set_num_threads(max(1, int(os.environ.get(THREADS_ENV, "1"))))
         if self.model_config.seed is not None:
             torch.manual_seed(self.model_config.seed)
         self.model_runner = TTHostModelRunner(self.vllm_config)
@@ -64,6 +69,12 @@ class TTHostWorker(WorkerBase):
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         raise RuntimeError("the TT host worker samples inside execute_model; structured outputs are not supported")
+
+    def startup_report(self) -> dict[str, Any]:
+        """The model's startup facts plus the runner's own timings (for ``LLM.collective_rpc``)."""
+        report = self.model_runner.model.startup_report()
+        report.update({f"runner_{k}_seconds": v for k, v in self.model_runner.timings.items()})
+        return report
 
     def check_health(self) -> None:
         return
