@@ -14,7 +14,7 @@ Nothing here imports vLLM: these classes are usable (and tested) without it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -67,6 +67,10 @@ class TTHostCausalLM:
         state = "warm" if loaded.warm else f"cold ({loaded.reason})"
         logger.info(f"{cls.__name__}: {model} loaded {state} in {loaded.seconds:.3f} s from {loaded.cache_dir}")
         return cls(loaded, max_batch_size, max_seq_len, mesh_device)
+
+    def modules(self) -> Iterator[Any]:
+        """No torch submodules (the weights are ttnn tensors); vLLM's engine clean-up walks this."""
+        return iter(())
 
     # -- KV cache ---------------------------------------------------------------------------
 

@@ -10,3 +10,11 @@ import importlib.util
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 collect_ignore_glob = [] if VLLM_INSTALLED else ["test_vllm_*.py"]
+
+if VLLM_INSTALLED:
+    import os
+
+    # Engines built inside the test process run their engine core in-process (no second
+    # ``import vllm`` per engine); the start-up tests run the example script with vLLM's default
+    # multiprocess engine instead (tests.vllm.engines.run_offline).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -43,5 +43,5 @@ def run_offline(*args: str, env: dict[str, str], report: Path, prefix: Sequence[
     setpriv); returns the process and its JSON report (None when it wrote none)."""
     report.unlink(missing_ok=True)
     proc = subprocess.run([*prefix, sys.executable, str(OFFLINE_SCRIPT), *args, "--report", str(report)],
-                          cwd=REPO_ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
+                          cwd=REPO_ROOT, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **env}, capture_output=True, text=True, timeout=timeout)
     return proc, json.loads(report.read_text()) if report.is_file() else None

@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``vllm.LLM`` on the real Gemma 3 270M, as a user starts it: ``HF_HUB_OFFLINE=1``, the model id,
+a hub cache, ``TT_CACHE_PATH``. Every start is a fresh process running the offline example
+(vLLM's default multiprocess engine), so warm means warm from disk, not from this process.
+
+The hub cache is a private copy of the prepared snapshot (mtimes kept, so it is the same
+checkpoint to the cache), which the tests make unreadable or strip of its weights.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m
+from tests.ttnn.conftest import DROP_FILE_PERMISSION_BYPASS
+from tests.ttnn.tiny_models import pcc
+from tests.vllm.engines import run_offline
+
+pytestmark = pytest.mark.real_model
+
+MODEL_ID = "google/gemma-3-270m"
+PROMPTS = [  # four lengths, one batch
+    "The capital of France is",
+    "Hello, my name is",
+    "The quick brown fox jumps over the lazy dog. Then the dog",
+    "1, 2, 3,",
+]
+STEPS = 8
+
+
+def start(env: dict[str, str], report: Path, precision: str = "bfloat16", prefix: tuple[str, ...] = ()):
+    return run_offline("--model", MODEL_ID, "--greedy_sampling", "--max_tokens", str(STEPS), "--precision", precision,
+                       "--max_model_len", "256", env=env, report=report, prefix=prefix)
+
+
+def hub_env(hub: Path, cache: Path) -> dict[str, str]:
+    return {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TT_CACHE_PATH": str(cache),
+            "TT_TRANSFORMERS_FORCE_MODEL_LOAD": ""}
+
+
+def copy_repo(destination: Path, *, weights: bool) -> Path:
+    """The prepared hub repo copied under ``destination/hub`` (``copy2``: mtimes kept); returns the hub."""
+    source = prepare_gemma3_270m().parents[1]
+    ignore = None if weights else shutil.ignore_patterns(WEIGHTS_NAME)
+    shutil.copytree(source, destination / "hub" / REPO_CACHE_NAME, ignore=ignore)
+    return destination / "hub"
+
+
+def snapshot_of(hub: Path) -> Path:
+    return next((hub / REPO_CACHE_NAME / "snapshots").iterdir())
+
+
+def assert_greedy(report: dict, expected: list[list[int]]) -> None:
+    """vLLM's tokens are transformers' (up to an end-of-sequence stop)."""
+    for item, want in zip(report["completions"], expected):
+        got = item["token_ids"]
+        assert got == want[: len(got)], (item["prompt"], got, want)
+        assert len(got) == STEPS or item["finish_reason"] == "stop"
+
+
+def assert_started(proc: subprocess.CompletedProcess, report: dict | None) -> dict:
+    assert proc.returncode == 0 and report is not None, proc.stderr[-4000:]
+    return report
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory) -> Path:
+    return copy_repo(tmp_path_factory.mktemp("hub-full"), weights=True)
+
+
+@pytest.fixture(scope="module")
+def deploy_hub(tmp_path_factory) -> Path:
+    """A cache-only deploy: the snapshot's config and tokenizer, no weights."""
+    return copy_repo(tmp_path_factory.mktemp("hub-deploy"), weights=False)
+
+
+@pytest.fixture(scope="module")
+def transformers_reference(hub) -> dict[str, list]:
+    """transformers' fp32 greedy tokens and first-step logits of each prompt."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    snapshot = snapshot_of(hub)
+    tokenizer = AutoTokenizer.from_pretrained(snapshot)
+    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
+    tokens, logits, ids = [], [], []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            prompt_ids = tokenizer(prompt).input_ids
+            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=STEPS, do_sample=False)
+            tokens.append(out[0, len(prompt_ids):].tolist())
+            logits.append(model(torch.tensor([prompt_ids])).logits[0, -1])
+            ids.append(prompt_ids)
+    return {"tokens": tokens, "logits": logits, "ids": ids}
+
+
+@pytest.fixture(scope="module")
+def bf16_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tt-cache-bf16")
+
+
+@pytest.fixture(scope="module")
+def cold_start(hub, bf16_cache, tmp_path_factory) -> dict:
+    proc, report = start(hub_env(hub, bf16_cache), tmp_path_factory.mktemp("cold") / "report.json")
+    return assert_started(proc, report)
+
+
+def test_cold_start_generates_transformers_greedy_tokens(cold_start, transformers_reference):
+    assert cold_start["startup"]["warm"] is False
+    assert_greedy(cold_start, transformers_reference["tokens"])
+    assert cold_start["startup"]["cache_dir"].endswith("gemma-3-270m/bfloat16/mesh_1x1")
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv cannot lose read access")
+def test_second_start_is_warm_and_opens_no_weights(cold_start, hub, bf16_cache, transformers_reference, tmp_path):
+    weights = snapshot_of(hub) / WEIGHTS_NAME
+    prefix = tuple(DROP_FILE_PERMISSION_BYPASS) if os.geteuid() == 0 else ()
+    weights.chmod(0)
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c", f"open({str(weights)!r}, 'rb')"], capture_output=True, text=True)
+        assert probe.returncode != 0 and "PermissionError" in probe.stderr  # the start below could not read it either
+        proc, report = start(hub_env(hub, bf16_cache), tmp_path / "report.json", prefix=prefix)
+    finally:
+        weights.chmod(0o644)
+    report = assert_started(proc, report)
+    assert report["startup"]["warm"] is True, report["startup"]
+    assert_greedy(report, transformers_reference["tokens"])
+
+
+def test_cache_only_deploy_starts_and_generates(cold_start, deploy_hub, bf16_cache, transformers_reference, tmp_path):
+    assert not (snapshot_of(deploy_hub) / WEIGHTS_NAME).exists()
+    proc, report = start(hub_env(deploy_hub, bf16_cache), tmp_path / "report.json")
+    report = assert_started(proc, report)
+    assert report["startup"]["warm"] is True
+    assert_greedy(report, transformers_reference["tokens"])
+
+
+def test_cold_cache_without_weights_is_a_clear_error(deploy_hub, tmp_path):
+    proc, report = start(hub_env(deploy_hub, tmp_path / "empty-cache"), tmp_path / "report.json")
+    assert proc.returncode == 1 and report is None
+    assert "no warm ttnn cache" in proc.stderr and "no checkpoint weights" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("offline_inference_tt:")[-1]  # the script's own line is one line
+
+
+def test_bfloat8_b_first_token_agrees_and_logits_pcc(hub, transformers_reference, tmp_path, monkeypatch):
+    cache = tmp_path / "tt-cache-bf8"
+    proc, report = start(hub_env(hub, cache), tmp_path / "report.json", precision="bfloat8_b")
+    report = assert_started(proc, report)
+    first = [item["token_ids"][0] for item in report["completions"]]
+    assert first == [tokens[0] for tokens in transformers_reference["tokens"]]
+
+    # The logits of the same warm bfloat8_b cache, through the same TT model interface the engine ran.
+    from transformers import AutoConfig
+
+    from models.vllm_plugin.tt_models import TTGemma3ForCausalLM
+
+    monkeypatch.setenv("TT_CACHE_PATH", str(cache))
+    config = AutoConfig.from_pretrained(snapshot_of(hub))
+    model = TTGemma3ForCausalLM.initialize_vllm_model(config, None, len(PROMPTS), 256, precision="bfloat8_b")
+    assert model.loaded.warm
+    ids = transformers_reference["ids"]
+    kv = model.allocate_kv_cache((len(PROMPTS) * 2 + 1, 1, 32, 256), torch.float32, 18)
+    tokens = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
+    for i, prompt in enumerate(ids):
+        tokens[i, : len(prompt)] = torch.tensor(prompt)
+    table = torch.arange(1, 2 * len(ids) + 1).reshape(len(ids), 2)
+    logits = model.prefill_forward(tokens, table, kv, [len(p) for p in ids])
+    for ours, theirs in zip(logits[:, 0], transformers_reference["logits"]):
+        assert pcc(ours, theirs) >= 0.99
