@@ -12,17 +12,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "
   exit 0
 fi
 
-find_python312() {
-  local candidate
-  for candidate in "${PYTHON312:-}" python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 \
-                   "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do
-    [ -n "$candidate" ] || continue
-    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-      echo "$candidate"; return 0
-    fi
-  done
-  return 1
-}
+source "$root/scripts/find_python312.sh"
 
 py=$(find_python312) || { echo "setup_env: Python 3.12 is required (ttnn has no wheel for this Python); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 echo "setup_env: building $venv with $py (first run takes a few minutes: torch and ttnn are large)" >&2

@@ -11,6 +11,7 @@ venv="${TT_VLLM_VENV:-$root/.venv-vllm}"
 stamp="$venv/.setup-stamp"
 uv_version="0.13.9"
 want=$(cat "$root/requirements-vllm.txt" "$root/requirements-vllm-overrides.txt" "$root/setup.py" "${BASH_SOURCE[0]}" \
+       "$root/scripts/find_python312.sh" \
        | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
@@ -19,17 +20,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   exit 0
 fi
 
-find_python312() {
-  local candidate
-  for candidate in "${PYTHON312:-}" python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 \
-                   "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do
-    [ -n "$candidate" ] || continue
-    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-      echo "$candidate"; return 0
-    fi
-  done
-  return 1
-}
+# shellcheck source=find_python312.sh
+source "$root/scripts/find_python312.sh"
 
 py=$(find_python312) || { echo "setup_vllm_env: Python 3.12 is required (ttnn has no wheel for this Python); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 echo "setup_vllm_env: building $venv with $py (first run downloads about 10 GB)" >&2
