@@ -86,7 +86,9 @@ class PagedKVCache:
                  dtype: torch.dtype = torch.float32) -> PagedKVCache:
         """``layout``: per layer, (heads, head_dim) of each mesh column, or None (shared K/V)."""
         def pages(heads: int, head_dim: int) -> torch.Tensor:
-            return torch.zeros(num_blocks, heads, block_size, head_dim, dtype=dtype)
+            # Uninitialized: a position is always written before it is read (reads stop at the
+            # context length), and untouched pages then cost no host memory.
+            return torch.empty(num_blocks, heads, block_size, head_dim, dtype=dtype)
 
         layers = [None if columns is None else [(pages(h, d), pages(h, d)) for h, d in columns] for columns in layout]
         return cls(layers, block_size)
