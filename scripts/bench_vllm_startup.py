@@ -35,6 +35,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = REPO_ROOT / "scripts" / "offline_inference_tt.py"
+BENCH_DIR = REPO_ROOT / "docs" / "bench"
 PROMPT = "The capital of France is"
 PHASES = ["import", "engine", "weights", "read-back", "first token"]
 
@@ -111,7 +112,7 @@ def plot(results: dict[str, dict[str, float]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     cases = list(results)
     left = [0.0] * len(cases)
     parts = ["import", "engine other", "weights", "read-back", "first token"]
@@ -124,7 +125,7 @@ def plot(results: dict[str, dict[str, float]], path: Path) -> None:
         left = [a + b for a, b in zip(left, widths)]
     ax.set_xlabel("seconds (median of fresh processes)")
     ax.set_title("vLLM offline start-up, Gemma 3 270M")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -134,8 +135,8 @@ def main() -> int:
     parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "tt-bench-vllm")
-    parser.add_argument("--json", type=Path, default=Path("bench_vllm_startup.json"))
-    parser.add_argument("--png", type=Path, default=Path("bench_vllm_startup.png"))
+    parser.add_argument("--json", type=Path, default=BENCH_DIR / "bench_vllm_startup.json")
+    parser.add_argument("--png", type=Path, default=BENCH_DIR / "bench_vllm_startup.png")
     opts = parser.parse_args()
     if opts.rounds < 1:
         parser.error("--rounds must be >= 1")
@@ -157,6 +158,8 @@ def main() -> int:
     print(f"Gemma 3 270M, {opts.precision}, median of {opts.rounds} fresh processes per case\n")
     print_table(results)
     report: dict[str, Any] = {"model": str(snapshot), "precision": opts.precision, "rounds": rounds, "medians": results}
+    opts.json.parent.mkdir(parents=True, exist_ok=True)
+    opts.png.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(report, indent=2) + "\n")
     plot(results, opts.png)
     print(f"\nwrote {opts.json} and {opts.png}")
