@@ -194,15 +194,20 @@ def cmd_seed(args: argparse.Namespace) -> int:
         plan = load_plan(Path(args.plan))
     except PlanError as error:
         raise CliError(str(error)) from None
-    from models.seeding.runner import SeedOptions, run_plan
+    from models.seeding.runner import SeedInputError, SeedOptions, run_plan
 
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
                           log_every=args.progress_every, progress=not args.json)
-    report = run_plan(plan, options)
-    if args.report:
-        write_json_report(report, Path(args.report))
-    if args.junit:
-        write_junit(report, Path(args.junit))
+    try:
+        report = run_plan(plan, options)
+    except SeedInputError as error:
+        raise CliError(str(error)) from None
+    for path, write in ((args.report, write_json_report), (args.junit, write_junit)):
+        if path:
+            try:
+                write(report, Path(path))
+            except OSError as error:
+                raise CliError(f"{path}: cannot write the report ({error.strerror or error})") from None
     emit(args, report.as_json(), report.summary_lines())
     return EXIT_OK if report.ok else EXIT_FAILED
 

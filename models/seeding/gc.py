@@ -76,7 +76,7 @@ def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float 
     result = GcResult()
     candidates = []
     for variant in scan_root(root):
-        if variant.marker is None:  # not provably ours: its files are unknown, so never touched
+        if not variant.trusted:  # not provably ours: its files are unknown, so never touched
             result.skipped.append((variant.marker_file, f"left alone: {variant.reason}"))
         else:
             candidates.append(variant)
@@ -106,7 +106,7 @@ def _recorded_paths(variant: VariantInfo) -> set[str]:
 def _paths_of_other_markers(cache_dir: Path, evicting: Path) -> set[str]:
     keep: set[str] = set()
     for other in scan_cache_dir(cache_dir):
-        if other.marker_file != evicting and other.marker is not None:
+        if other.marker_file != evicting and other.marker is not None:  # trusted or not: keep what it lists
             keep |= _recorded_paths(other)
     return keep
 

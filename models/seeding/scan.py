@@ -40,6 +40,7 @@ class VariantInfo:
     size_bytes: int
     last_used: float | None
     marker_stamp: tuple[int, int] | None = None  # (inode, mtime_ns) when scanned: gc evicts only that marker
+    trusted: bool = False  # the marker parses and names itself consistently: gc may act on what it lists
 
     @property
     def build_variant(self) -> Any:
@@ -151,16 +152,22 @@ def _size(path: Path) -> int:
         return 0
 
 
-def variant_verdict(cache_dir: Path, marker: WeightCacheMarker, marker_file: Path) -> tuple[bool, str]:
-    """The gate's verdict on a variant, asked with the marker's own identity (stat only)."""
+def identity_problem(cache_dir: Path, marker: WeightCacheMarker, marker_file: Path) -> str | None:
+    """Why a parsed marker cannot be taken at its word (its variant names another file, its mesh is
+    not a shape), or None."""
     try:
         if marker_path(cache_dir, marker.build_variant) != marker_file:
-            return False, f"{marker_file.name}: its build_variant {marker.build_variant!r} belongs to another marker name"
+            return f"{marker_file.name}: its build_variant {marker.build_variant!r} belongs to another marker name"
     except (TypeError, ValueError) as error:
-        return False, f"{marker_file.name}: unusable build_variant {marker.build_variant!r} ({error})"
+        return f"{marker_file.name}: unusable build_variant {marker.build_variant!r} ({error})"
+    if len(_mesh_dims(marker.mesh_shape)) != 2:
+        return f"{marker_file.name}: mesh_shape {marker.mesh_shape!r} is not (rows, cols)"
+    return None
+
+
+def variant_verdict(cache_dir: Path, marker: WeightCacheMarker, marker_file: Path) -> tuple[bool, str]:
+    """The gate's verdict on a variant, asked with the marker's own identity (stat only)."""
     dims = _mesh_dims(marker.mesh_shape)
-    if len(dims) != 2:
-        return False, f"{marker_file.name}: mesh_shape {marker.mesh_shape!r} is not (rows, cols)"
     status = weight_cache_status(
         cache_dir,
         model_name=marker.model_name,
@@ -179,10 +186,13 @@ def scan_variant(cache_dir: Path, marker_file: Path) -> VariantInfo:
     marker, problem = _read_marker_file(marker_file)
     if marker is None:
         return VariantInfo(cache_dir, marker_file, None, False, problem, _size(marker_file), None, stamp)
-    warm, reason = variant_verdict(cache_dir, marker, marker_file)
-    used = last_used(cache_dir, marker.build_variant) if warm else None
     size = _recorded_bytes(marker_file, marker)
-    return VariantInfo(cache_dir, marker_file, marker, warm, reason, size, used, stamp)
+    problem = identity_problem(cache_dir, marker, marker_file)
+    if problem:
+        return VariantInfo(cache_dir, marker_file, marker, False, problem, size, None, stamp)
+    warm, reason = variant_verdict(cache_dir, marker, marker_file)
+    used = last_used(cache_dir, marker.build_variant)
+    return VariantInfo(cache_dir, marker_file, marker, warm, reason, size, used, stamp, trusted=True)
 
 
 def scan_cache_dir(cache_dir: Path) -> list[VariantInfo]:

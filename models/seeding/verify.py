@@ -38,4 +38,6 @@ def verify_variant(variant: VariantInfo) -> VerifyResult:
         problems = tuple(verify_weight_cache(variant.cache_dir, variant.marker.build_variant))
     except OSError as error:
         problems = (f"cannot read {error.filename or variant.cache_dir}: {error.strerror or error}",)
+    if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
+        problems = (variant.reason,)
     return VerifyResult(variant.marker_file, problems, variant.size_bytes, time.perf_counter() - start)
