@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.common.fileio import TEMP_MARK, temp_writer_alive
-from models.seeding.scan import variant_markers
+from models.common.fileio import is_temp_path, temp_writer_alive
+from models.common.marker import BUILD_LOCK
+from models.seeding.scan import is_marker_name
 
-BUILD_LOCK = ".build.lock"
-MESH_DIR = re.compile(r"mesh_\d+x\d+")
-# ``.<name>.tmp.<pid>.<thread id hex>.<token hex>[suffix]``, as fileio.unique_temp_path makes them
-WRITER_TEMP = re.compile(rf"\..+{re.escape(TEMP_MARK)}\d+\.[0-9a-f]+\.[0-9a-f]{{8}}(\.[A-Za-z0-9_]+)?")
+MESH_DIR = re.compile(r"mesh_\d+x\d+(-layers\d+)?")
 
 
 @dataclass
@@ -39,13 +37,9 @@ class CleanReport:
                 "errors": [{"path": str(p), "error": e} for p, e in self.errors]}
 
 
-def is_writer_temp_name(name: str) -> bool:
-    return WRITER_TEMP.fullmatch(name) is not None
-
-
 def is_cache_dir(directory: Path, names: list[str]) -> bool:
     return (MESH_DIR.fullmatch(directory.name) is not None or BUILD_LOCK in names
-            or any(name.startswith(".weights_complete.") and not is_writer_temp_name(name) for name in names))
+            or any(is_marker_name(name) for name in names))
 
 
 def find_cache_dirs_to_clean(root: Path) -> list[Path]:
@@ -63,7 +57,7 @@ def _debris(cache_dir: Path) -> list[Path]:
     for directory, _, names in os.walk(cache_dir):
         for name in names:
             path = Path(directory, name)
-            if is_writer_temp_name(name) and stat.S_ISREG(path.lstat().st_mode):
+            if is_temp_path(path) and stat.S_ISREG(path.lstat().st_mode):
                 temps.append(path)
     return sorted(temps)
 
@@ -75,7 +69,7 @@ def clean_cache_tree(root: Path, *, invalidate: bool = False) -> CleanReport:
         for temp in _debris(cache_dir):
             (report.kept_live if temp_writer_alive(temp) else targets).append(temp)
         if invalidate:
-            targets += variant_markers(cache_dir)
+            targets += sorted(p for p in cache_dir.iterdir() if is_marker_name(p.name))
         for path in targets:
             try:
                 path.unlink()

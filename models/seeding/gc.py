@@ -4,15 +4,17 @@
 A variant is evicted in an order that keeps readers safe: with the cache dir's build lock held
 (a builder of that dir is never undercut; a held lock means "skip, try next time"), the marker
 is withdrawn first (a reader starting now sees a cold cache, never a half-deleted warm one),
-then exactly the files that marker records are deleted, except any that another variant's
-marker in the same dir still records. Nothing a marker does not name is ever touched: a user's
-file next to a cache, or a cache whose marker cannot be parsed, stays.
+then its build generation is retired by the builders' own rule (not while a reader holds its
+lease), and files it records outside a generation are deleted unless another marker records
+them too. Nothing else is touched: a user's file next to a cache, or a cache whose marker
+cannot be parsed, stays.
 Recency is the ``last_used`` stamp a warm start updates (else the marker's own mtime).
 Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import file_lock
-from models.common.marker import WEIGHT_CACHE_MARKER
-from models.seeding.scan import VariantInfo, marker_stamp, scan_cache_dir, scan_root
-
-BUILD_LOCK = ".build.lock"
-LAST_USED_PREFIX = ".last_used"
+from models.common.generations import retire_generations
+from models.common.marker import BUILD_LOCK, WeightCacheMarker, forget_markers, iter_markers, last_used_path
+from models.seeding.scan import VariantInfo, marker_stamp, scan_root
 
 
 @dataclass(frozen=True)
@@ -97,17 +97,17 @@ def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float 
     return result
 
 
-def _recorded_paths(variant: VariantInfo) -> set[str]:
-    marker = variant.marker
-    records = marker.files + ((marker.host_sidecar,) if marker.host_sidecar else ())
-    return {record.path for record in records}
+def _top_level_files(marker: WeightCacheMarker) -> set[str]:
+    """Recorded files outside the marker's generation dir (the seed API's flat layout)."""
+    prefix = f"{marker.generation}/" if marker.generation else None
+    return {r.path for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)}
 
 
-def _paths_of_other_markers(cache_dir: Path, evicting: Path) -> set[str]:
+def _files_other_markers_keep(cache_dir: Path, evicting: Path) -> set[str]:
     keep: set[str] = set()
-    for other in scan_cache_dir(cache_dir):
-        if other.marker_file != evicting and other.marker is not None:  # trusted or not: keep what it lists
-            keep |= _recorded_paths(other)
+    for path, marker, _ in iter_markers(cache_dir):
+        if path != evicting and marker is not None:
+            keep |= {record.path for record in marker.all_files()}
     return keep
 
 
@@ -123,8 +123,11 @@ def _remove_empty_dirs(cache_dir: Path, relatives: set[str]) -> None:
 
 
 def evict(variant: VariantInfo) -> str | None:
-    """Withdraw the marker, then delete the files only it records. Returns why it was skipped, or None."""
-    cache_dir, marker_file = variant.cache_dir, variant.marker_file
+    """Withdraw the marker, then delete what only it vouched for. Returns why not, or None when done.
+
+    Its generation dir goes through :func:`retire_generations` (the builders' own rule): a
+    reader holding the generation's lease keeps it until the next gc or build."""
+    cache_dir, marker_file, marker = variant.cache_dir, variant.marker_file, variant.marker
     with file_lock(cache_dir / BUILD_LOCK, blocking=False) as held:
         if not held:
             return "a builder holds the cache dir's build lock"
@@ -133,16 +136,15 @@ def evict(variant: VariantInfo) -> str | None:
             return "its marker is gone already"
         if stamp != variant.marker_stamp:
             return "its marker changed since the scan (rebuilt): kept"
-        marker_file.unlink()
-        doomed = _recorded_paths(variant) - _paths_of_other_markers(cache_dir, marker_file)
+        marker_file.unlink()  # first: from here on every reader sees this variant cold
+        forget_markers()
+        last_used_path(cache_dir, marker.build_variant).unlink(missing_ok=True)
+        doomed = _top_level_files(marker) - _files_other_markers_keep(cache_dir, marker_file)
         for relative in doomed:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(cache_dir / relative)
-            except FileNotFoundError:
-                pass
-        stamp = cache_dir / marker_file.name.replace(WEIGHT_CACHE_MARKER, LAST_USED_PREFIX, 1)
-        stamp.unlink(missing_ok=True)
         _remove_empty_dirs(cache_dir, doomed)
+        retire_generations(cache_dir)
     return None
 
 

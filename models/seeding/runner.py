@@ -73,12 +73,12 @@ def open_model(combination: Combination, cache_root: str | None = None,
         loader = loader_class(family)(combination.model, mesh_shape=combination.mesh,
                                       precision=combination.precision, cache_root=cache_root,
                                       num_layers=num_layers, components=combination.components)
-    except ValueError as error:
-        raise SeedInputError(f"{combination.model}: {error}") from None
-    try:
         config = loader.model_config()
+        loader.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
     except CheckpointError as error:
         raise SeedInputError(str(error)) from None
+    except ValueError as error:
+        raise SeedInputError(f"{combination.model}: {error}") from None
     where = checkpoint / CONFIG_FILE if checkpoint else f"{combination.model} (config kept with its cache)"
     try:
         return loader, loader.make_args(config, num_layers)
