@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -82,6 +82,10 @@ class LazyStateDict(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self._reader
 
+    def release_read(self) -> None:
+        """Drop the pages of the tensors read so far (a streaming seed, after each weight)."""
+        self._reader.release_read()
+
     def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Shapes and dtypes of every tensor (as placeholders), with the host weights already
         read for the build (``host``) real: nothing is read again."""
@@ -105,20 +109,37 @@ class LoadedModel:
 
 
 class WeightSink:
-    """What ``convert`` writes into: ``put`` a weight in the form the device consumes."""
+    """What ``convert`` writes into: ``put`` a weight in the form the device consumes.
 
-    def __init__(self, cache: TensorCache, state: Mapping[str, Any], host_keys: Iterable[str]) -> None:
+    ``keep=False`` (a streaming seed) drops each converted weight once it is handed to the cache
+    and calls ``after_put`` (which releases the checkpoint pages it was made from)."""
+
+    def __init__(
+        self,
+        cache: TensorCache,
+        state: Mapping[str, Any],
+        host_keys: Iterable[str],
+        *,
+        keep: bool = True,
+        after_put: Callable[[str], None] | None = None,
+    ) -> None:
         self._cache = cache
         self.state = state
+        self.keep = keep
+        self.after_put = after_put
         self.weights: dict[str, ttnn.Tensor] = {}
         self.formats: dict[str, TensorFormat] = {}
         self.host: dict[str, torch.Tensor] = {k: state[k] for k in host_keys if k in state}
 
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
-        if name in self.weights:
+        if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
-        self.weights[name] = self._cache.as_tensor(name, tensor, fmt)
+        converted = self._cache.as_tensor(name, tensor, fmt)
         self.formats[name] = fmt
+        if self.keep:
+            self.weights[name] = converted
+        if self.after_put is not None:
+            self.after_put(name)
 
 
 class WeightLoader(ABC):
@@ -241,7 +262,22 @@ class WeightLoader(ABC):
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
                            "complete", seconds)
 
-    def _load_cold(self, args: ModelArgs, reason: str, start: float) -> LoadedModel:
+    def seed(self, progress: Any = None) -> Any:
+        """Make the cache warm and return a :class:`~models.seeding.stream.SeedResult`, keeping
+        no weight: the explicit cache-only alternative to :meth:`load` (which returns host
+        tensors). A cold cache is built streaming, each weight read, converted, written and
+        released, so peak memory does not grow with the model. ``progress``: see
+        :mod:`models.seeding.progress`."""
+        from models.seeding.stream import seed_streaming
+
+        return seed_streaming(self, progress)
+
+    def _load_cold(
+        self, args: ModelArgs, reason: str, start: float, *, stream: bool = False,
+        on_written: Callable[[str, int], None] | None = None,
+    ) -> LoadedModel:
+        """``stream``: keep no converted weight, at most one write queued, checkpoint pages
+        released after each weight (:meth:`seed`); ``on_written(name, bytes)`` per file written."""
         if self.checkpoint_dir is None:
             raise CheckpointError(f"{self.model}: the cache is cold ({reason}) and no checkpoint is on this machine")
         logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
@@ -254,8 +290,10 @@ class WeightLoader(ABC):
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # the writes below report it once and the build goes on
             logger.warning(f"Cannot create {self.cache_dir}: {error}")
-        cache = TensorCache(self.cache_dir, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device)
-        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)])
+        cache = TensorCache(self.cache_dir, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
+                            max_pending=1 if stream else None, on_written=on_written)
+        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream,
+                          after_put=(lambda _: state.release_read()) if stream else None)
         if sink.host and not args.partial:
             cache.submit_file(write_host_sidecar, self.cache_dir, sink.host, self.build_variant)
         try:
