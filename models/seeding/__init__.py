@@ -7,3 +7,24 @@
   tensors) and the partitioned conversion that lets several processes share it.
 * :mod:`models.seeding.ray_seed`: that conversion as Ray tasks, on a local Ray instance or a cluster.
 """
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from models.seeding.stream import SeedResult
+
+
+def seed_models(loaders: Sequence[Any], *, workers: int = 1, address: str | None = None,
+                progress: Any = None) -> list[SeedResult]:
+    """``tt-cache seed``'s semantics: ``workers`` 1 and no ``address`` seeds each loader in this
+    process, streaming; ``workers`` >= 2 starts a local Ray instance of that many CPUs;
+    ``address`` joins an existing Ray cluster (``workers`` then sizes the task split only)."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 and address is None:
+        return [loader.seed(progress) for loader in loaders]
+    from models.seeding.ray_seed import seed_on_ray
+
+    return seed_on_ray(loaders, workers=workers, address=address, progress=progress)

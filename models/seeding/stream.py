@@ -13,7 +13,7 @@ as ``load()``'s cold build: it is the same code path with keeping turned off.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ class SeedResult:
     files: int
     bytes_written: int
     seconds: float
+    timings: dict[str, float] = field(default_factory=dict)  # phases, where a seeder reports them
 
 
 class _Counter:
