@@ -30,11 +30,11 @@ from typing import Any
 
 from loguru import logger
 
-from models.common.checkpoint import CheckpointReader, checkpoint_fingerprint
+from models.common.checkpoint import CheckpointError, CheckpointReader, checkpoint_fingerprint
 from models.common.fileio import content_digest_file
 from models.common.loader import LazyStateDict, WeightLoader
 from models.common.tensor_cache import tensorbin_name
-from models.common.weight_cache import invalidate_weight_cache, write_host_sidecar
+from models.common.weight_cache import WeightCacheError, invalidate_weight_cache, write_host_sidecar
 from models.seeding.stream import SeedResult
 from models.seeding.weights import PlannedWeight, partition, plan_weights
 
@@ -148,8 +148,6 @@ class _Variant:
 
 def _prepare(loader: WeightLoader, start: float) -> _Variant | SeedResult:
     """The gate's verdict; for a cold variant, withdraw its marker and plan its build."""
-    from models.common.checkpoint import CheckpointError
-
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
     if status.warm:
@@ -170,9 +168,18 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
     import ray
 
     start = time.perf_counter()
-    prepared = [_prepare(loader, start) for loader in loaders]
+    prepared: list[_Variant | SeedResult | None] = []
+    failed: list[str] = []
+    for loader in loaders:
+        try:
+            prepared.append(_prepare(loader, start))
+        except (CheckpointError, WeightCacheError, ValueError, OSError) as error:
+            prepared.append(None)
+            failed.append(f"{loader.cache_dir}: {type(error).__name__}: {error}")
     variants = [v for v in prepared if isinstance(v, _Variant)]
     if not variants:
+        if failed:
+            raise SeedError("distributed seed failed for " + "; ".join(failed))
         return prepared  # type: ignore[return-value]
     timings = {"ray_start": start_ray(workers, address)}
     remote_warm = ray.remote(num_cpus=1)(_warm_worker)
@@ -217,7 +224,7 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
     for variant in variants:
         got = collected[id(variant)]
         results[id(variant)] = _finish(variant, host[id(variant)][0], got, dict(timings, from_torch=got["from_torch"]))
-    failed = [f"{v.loader.cache_dir}: {v.failed}" for v in variants if v.failed]
+    failed += [f"{v.loader.cache_dir}: {v.failed}" for v in variants if v.failed]
     if failed:
         raise SeedError("distributed seed failed for " + "; ".join(failed))
     return [results[id(v)] if isinstance(v, _Variant) else v for v in prepared]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import ttnn
 
+from models.common.checkpoint import CheckpointError
 from models.common.loader import WeightLoader, WeightSink
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import TensorFormat
@@ -58,6 +59,8 @@ class _Recording(Mapping):
         self.read: dict[str, None] = {}
 
     def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._specs:
+            raise CheckpointError(f"checkpoint has no tensor for {key!r}")
         shape, dtype = self._specs[key]
         self.read[key] = None
         return placeholder(shape, dtype)

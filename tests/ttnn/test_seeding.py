@@ -4,11 +4,9 @@ model size, and it fits where today's cold build does not (real cgroup memory li
 
 from __future__ import annotations
 
-import filecmp
 import json
-import os
-import subprocess
-import sys
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,9 @@ import torch
 from models.common.checkpoint import CheckpointError, SafetensorsFile
 from models.common.weight_cache import list_cache_files, read_marker, verify_weight_cache
 from models.registry import loader_class
-from tests.ttnn.conftest import REPO_ROOT
-from tests.ttnn.helpers.llama_shaped import LAYERS_FOR_GB
-from tests.ttnn.helpers.memlimit import cgroup_unavailable, run_limited
+from tests.ttnn.helpers.llama_shaped import LAYERS_FOR_GB, make_in_child
+from tests.ttnn.helpers.memlimit import cgroup_unavailable
+from tests.ttnn.helpers.seed_child import assert_same_cache, run_seed_child
 from tests.ttnn.tiny_models import make_checkpoint
 
 MiB = 1 << 20
@@ -43,13 +41,6 @@ class RecordingProgress:
 def tiny(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("seed-ckpt")
     return {family: make_checkpoint(family, root / family) for family in ("llama", "gemma3", "qwen3_moe")}
-
-
-def assert_same_cache(a: Path, b: Path) -> None:
-    files = list_cache_files(a)
-    assert files and files == list_cache_files(b)
-    different = [f for f in files if not filecmp.cmp(a / f, b / f, shallow=False)]
-    assert not different, f"files differ between the two builds: {different}"
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_moe"])
@@ -132,29 +123,10 @@ def test_released_checkpoint_pages_read_back_the_same(tiny):
 
 
 @pytest.fixture(scope="module")
-def llama_shaped(tmp_path_factory) -> dict[float, Path]:
+def llama_shaped(tmp_path_factory) -> Iterator[dict[float, Path]]:
     root = tmp_path_factory.mktemp("llama-shaped")
-    made = {}
-    for size in (0.6, 1.6):
-        directory = root / f"llama-{size}gb"
-        subprocess.run([sys.executable, "-m", "tests.ttnn.helpers.llama_shaped", str(directory),
-                        str(LAYERS_FOR_GB[size])], cwd=REPO_ROOT, env=_env(), check=True, capture_output=True)
-        made[size] = directory
-    return made
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
-    env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
-    return env
-
-
-def run_seed_child(mode: str, checkpoint: Path, cache_root: Path, limit: int | None = None) -> tuple[int, dict | None, str]:
-    command = [sys.executable, "-m", "tests.ttnn.helpers.seed_child", mode, str(checkpoint), "bfloat16", str(cache_root)]
-    kwargs = dict(cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    proc = run_limited(command, limit, **kwargs) if limit else subprocess.run(command, **kwargs)
-    reports = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
-    return proc.returncode, json.loads(reports[-1].split(" ", 1)[1]) if reports else None, proc.stderr[-3000:]
+    yield {size: make_in_child(root / f"llama-{size}gb", LAYERS_FOR_GB[size]) for size in (0.6, 1.6)}
+    shutil.rmtree(root)  # gigabytes: not left to pytest's kept temp dirs
 
 
 LARGEST_WEIGHT = 32000 * 2048 * 2  # the llama-shaped embedding / LM head, bf16

@@ -63,5 +63,17 @@ def make_llama_shaped(directory: Path, layers: int) -> Path:
     return directory
 
 
+def make_in_child(directory: Path, layers: int) -> Path:
+    """:func:`make_llama_shaped` in a child process (it holds the whole model in memory once)."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    subprocess.run([sys.executable, "-m", "tests.ttnn.helpers.llama_shaped", str(directory), str(layers)],
+                   cwd=repo, env=env, check=True, capture_output=True)
+    return directory
+
+
 if __name__ == "__main__":
     print(make_llama_shaped(Path(sys.argv[1]), int(sys.argv[2])))

@@ -7,11 +7,16 @@ or ``ray:N`` (:func:`models.seeding.ray_seed.seed_on_ray` with N local workers).
 
 from __future__ import annotations
 
+import filecmp
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from models.common.device_env import ensure_host_cluster
+from tests.ttnn.helpers.memlimit import run_limited
 
 
 def peak_rss_bytes() -> int:
@@ -55,6 +60,38 @@ def main() -> None:
     report |= {"seconds": time.perf_counter() - start, "import_peak": baseline, "peak": peak_rss_bytes(),
                "cache_dir": str(loader.cache_dir)}
     print("SEED_REPORT " + json.dumps(report), flush=True)
+
+
+# -- the parent's side -----------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def assert_same_cache(a: Path, b: Path) -> None:
+    """Two cache dirs hold the same tensorbins, byte for byte."""
+    from models.common.weight_cache import list_cache_files
+
+    files = list_cache_files(a)
+    assert files and files == list_cache_files(b)
+    different = [f for f in files if not filecmp.cmp(a / f, b / f, shallow=False)]
+    assert not different, f"files differ between the two builds: {different}"
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
+    env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    return env
+
+
+def run_seed_child(mode: str, checkpoint: Path, cache_root: Path, limit: int | None = None,
+                   precision: str = "bfloat16") -> tuple[int, dict | None, str]:
+    """Run this module as a child (``limit``: inside a memory cgroup of that many bytes); return
+    its exit status, its report (None if it printed none) and the tail of its stderr."""
+    command = [sys.executable, "-m", "tests.ttnn.helpers.seed_child", mode, str(checkpoint), precision, str(cache_root)]
+    kwargs = dict(cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    proc = run_limited(command, limit, **kwargs) if limit else subprocess.run(command, **kwargs)
+    reports = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
+    return proc.returncode, json.loads(reports[-1].split(" ", 1)[1]) if reports else None, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":
