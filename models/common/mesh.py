@@ -102,6 +102,24 @@ def shard(tensor: torch.Tensor, placement: Placement, mesh: MeshShape) -> list[t
     return shards
 
 
+def shard_shape(shape: Sequence[int], placement: Placement, mesh: MeshShape) -> tuple[int, tuple[int, ...]]:
+    """(number of device tensors, shape of each) that :func:`shard` makes of a ``shape``:
+    arithmetic only, for checking a cached tensor against a placeholder."""
+    rows, cols = mesh
+    out = list(shape)
+    if placement.replicated:
+        return 1, tuple(out)
+    splits = [(placement.flat_dim, rows * cols)] if placement.flat_dim is not None else [
+        (placement.row_dim, rows), (placement.col_dim, cols)]
+    for dim, parts in splits:
+        if dim is None:
+            continue
+        if out[dim] % parts:
+            raise ValueError(f"cannot split dim {dim} of size {out[dim]} over {parts} devices")
+        out[dim] //= parts
+    return rows * cols, tuple(out)
+
+
 def column_blocks(shards: Sequence[torch.Tensor], placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:
     """What each mesh column holds of a weight, its row shards joined: the tensor-parallel view."""
     rows, cols = mesh

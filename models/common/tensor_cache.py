@@ -30,7 +30,7 @@ import ttnn
 from loguru import logger
 
 from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
-from models.common.mesh import MeshShape, Placement, shard
+from models.common.mesh import MeshShape, Placement, shard, shard_shape
 from models.common.weight_cache import WeightCacheError, is_placeholder_tensor
 
 PRECISIONS: dict[str, Any] = {
@@ -69,6 +69,28 @@ def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape)
     return ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
 
 
+def layout_mismatch(loaded: ttnn.Tensor, expected: torch.Tensor, fmt: TensorFormat, mesh: MeshShape) -> str | None:
+    """How a loaded tensor differs from what the loader expects (dtype, layout, shard count,
+    per-device shape), or None. ``expected`` may be a placeholder: only its shape is used."""
+    if loaded.dtype != fmt.dtype:
+        return f"has dtype {loaded.dtype}, expected {fmt.dtype}"
+    if loaded.layout != fmt.layout:
+        return f"has layout {loaded.layout}, expected {fmt.layout}"
+    try:
+        want_count, want_shape = shard_shape(expected.shape, fmt.placement, mesh)
+    except ValueError as error:
+        return f"cannot be placed: {error}"
+    try:
+        count = len(ttnn.get_device_tensors(loaded))
+    except Exception:  # noqa: BLE001 - a single-device tensor on some ttnn builds
+        count = 1
+    if count != want_count:
+        return f"holds {count} device tensors, expected {want_count}"
+    if tuple(loaded.shape) != want_shape:
+        return f"has shape {tuple(loaded.shape)}, expected {want_shape}"
+    return None
+
+
 def host_shards(tensor: ttnn.Tensor) -> list[torch.Tensor]:
     """The per-device torch tensors of a host ttnn tensor (one for a replicated weight)."""
     devices = ttnn.get_device_tensors(tensor)
@@ -90,6 +112,7 @@ class TensorCache:
         rebuild: bool,
         mesh_device: Any = None,
         memory_config: Any = None,
+        recorded: frozenset[str] | None = None,
         max_pending: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -108,13 +131,16 @@ class TensorCache:
         self.max_pending = max_pending
         self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
+        self.recorded = recorded  # warm: the files the marker vouches for (None: any)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
-            result = self._load(os.path.join(self._root, relative), name, tensor)
+            if self.recorded is not None and relative not in self.recorded:
+                raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
+            result = self._load(os.path.join(self._root, relative), name, tensor, fmt)
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
@@ -130,13 +156,18 @@ class TensorCache:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
 
-    def _load(self, path: str, name: str, tensor: torch.Tensor) -> ttnn.Tensor:
+    def _load(self, path: str, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
+        """Load a cached file and check it is the tensor asked for. Any failure (a torn or forged
+        file can make ttnn raise anything, ``MemoryError`` included) is a :class:`WeightCacheError`
+        naming the file: the loader then builds cold, or reports it without a checkpoint."""
         try:
-            return ttnn.load_tensor(path)
-        except (RuntimeError, OSError) as error:
-            if is_placeholder_tensor(tensor):
-                raise WeightCacheError(f"cached {os.path.basename(path)} of {name} is unreadable ({error})") from error
-            raise
+            loaded = ttnn.load_tensor(path)
+        except Exception as error:  # noqa: BLE001 - whatever a bad file makes ttnn raise
+            raise WeightCacheError(f"cached {path} of {name} is unreadable ({type(error).__name__}: {error})") from None
+        problem = layout_mismatch(loaded, tensor, fmt, self.mesh)
+        if problem:
+            raise WeightCacheError(f"cached {path} of {name} {problem}")
+        return loaded
 
     @staticmethod
     def _write(cache_dir: Path, relative: str, tensor: ttnn.Tensor) -> dict[str, str]:

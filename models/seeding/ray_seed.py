@@ -5,9 +5,12 @@ The driver plans each cold variant (:func:`~models.seeding.weights.plan_weights`
 splits the plan into tasks of about equal checkpoint bytes and submits them all; each task
 rebuilds the loader in its worker, runs the family's ``convert`` converting only its own weights
 (:class:`~models.seeding.weights.PartSink`) and writes them into the shared cache directory with
-the same atomic publish as any cold build, returning ``{file: digest}``. The driver writes the
-host sidecar, then, per variant, checks that every planned file is there with the reported size
-and content digest, and writes the marker once. Nothing is marked unless every task succeeded.
+the same atomic publish as any cold build, returning ``{file: digest}``. As in any cold build,
+the driver holds each variant's build lock from its check to its marker and the tasks write into
+a fresh build generation (readers keep the previous one meanwhile). The driver writes the host
+sidecar, then, per variant, checks that every planned file is there with the reported size and
+content digest, writes the marker once and retires old generations. Nothing is marked unless
+every task of the variant succeeded.
 
 Ray is the scheduler (no home-made one): a worker killed mid-task is retried by Ray
 (``max_retries``); the files a killed attempt already published are rewritten with identical
@@ -21,6 +24,7 @@ bytes, and its temp files are debris no reader opens (``tt-cache clean`` removes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -30,11 +34,12 @@ from typing import Any
 
 from loguru import logger
 
-from models.common.checkpoint import CheckpointError, CheckpointReader, checkpoint_fingerprint
+from models.common.checkpoint import CheckpointError, CheckpointReader
 from models.common.fileio import content_digest_file
+from models.common.generations import build_lock, new_generation, retire_generations
 from models.common.loader import LazyStateDict, WeightLoader
 from models.common.tensor_cache import tensorbin_name
-from models.common.weight_cache import WeightCacheError, invalidate_weight_cache, write_host_sidecar
+from models.common.weight_cache import WeightCacheError, write_host_sidecar
 from models.seeding.stream import SeedResult
 from models.seeding.weights import PlannedWeight, partition, plan_weights
 
@@ -140,24 +145,33 @@ class _Variant:
     args: Any
     reason: str
     plan: list[PlannedWeight]
-    fingerprint: list
+    generation: str
     start: float
-    pending: int = 0
     failed: str | None = None
+    result: SeedResult | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.loader.cache_dir / self.generation
 
 
-def _prepare(loader: WeightLoader, start: float) -> _Variant | SeedResult:
-    """The gate's verdict; for a cold variant, withdraw its marker and plan its build."""
+def _prepare(loader: WeightLoader, start: float, locks: contextlib.ExitStack) -> _Variant | SeedResult:
+    """The gate's verdict; for a cold variant, take its build lock (held in ``locks`` until it is
+    marked), check again, plan the build and open a fresh generation for it."""
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
     if status.warm:
         return SeedResult(loader.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
-    if loader.checkpoint_dir is None:
-        raise CheckpointError(f"{loader.model}: the cache is cold ({status.reason}) and no checkpoint is on this machine")
-    invalidate_weight_cache(loader.cache_dir, loader.build_variant)
-    fingerprint = checkpoint_fingerprint(loader.checkpoint_dir)
-    loader.cache_dir.mkdir(parents=True, exist_ok=True)
-    return _Variant(loader, args, status.reason, plan_weights(loader, args), fingerprint, start)
+    if not loader.has_checkpoint_weights:
+        raise CheckpointError(f"{loader.model}: the cache is cold ({status.reason}) and no checkpoint weights are here")
+    if not locks.enter_context(build_lock(loader.cache_dir)):
+        raise OSError(f"cannot take the build lock of {loader.cache_dir} (not writable)")
+    forced = bool(loader.force_env) and os.environ.get(loader.force_env) == "1"
+    again = loader.status(args)
+    if again.warm and not forced:  # another builder finished while this one waited
+        return SeedResult(loader.cache_dir, True, again.reason, True, 0, 0, time.perf_counter() - start)
+    plan = plan_weights(loader, args)
+    return _Variant(loader, args, status.reason, plan, new_generation(loader.cache_dir), start)
 
 
 def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: str | None = None,
@@ -165,22 +179,29 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
     """Seed every loader's cache with Ray tasks; one :class:`SeedResult` per loader, in order.
 
     Raises :class:`SeedError` after marking every variant that did succeed, if any failed."""
+    with contextlib.ExitStack() as locks:
+        start = time.perf_counter()
+        prepared: list[_Variant | SeedResult | None] = []
+        failed: list[str] = []
+        for loader in loaders:
+            try:
+                prepared.append(_prepare(loader, start, locks))
+            except (CheckpointError, WeightCacheError, ValueError, OSError) as error:
+                prepared.append(None)
+                failed.append(f"{loader.cache_dir}: {type(error).__name__}: {error}")
+        variants = [v for v in prepared if isinstance(v, _Variant)]
+        if variants:
+            failed += _run(variants, workers, address, progress, tasks_per_worker)
+    if failed:
+        raise SeedError("distributed seed failed for " + "; ".join(failed))
+    return [p.result if isinstance(p, _Variant) else p for p in prepared]  # type: ignore[misc]
+
+
+def _run(variants: list[_Variant], workers: int, address: str | None, progress: Any,
+         tasks_per_worker: int) -> list[str]:
+    """Submit every variant's tasks, collect, verify and mark; return the failures."""
     import ray
 
-    start = time.perf_counter()
-    prepared: list[_Variant | SeedResult | None] = []
-    failed: list[str] = []
-    for loader in loaders:
-        try:
-            prepared.append(_prepare(loader, start))
-        except (CheckpointError, WeightCacheError, ValueError, OSError) as error:
-            prepared.append(None)
-            failed.append(f"{loader.cache_dir}: {type(error).__name__}: {error}")
-    variants = [v for v in prepared if isinstance(v, _Variant)]
-    if not variants:
-        if failed:
-            raise SeedError("distributed seed failed for " + "; ".join(failed))
-        return prepared  # type: ignore[return-value]
     timings = {"ray_start": start_ray(workers, address)}
     remote_warm = ray.remote(num_cpus=1)(_warm_worker)
     t = time.perf_counter()
@@ -191,19 +212,17 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
         progress.start(len(plans), sum(w.estimated_bytes for w in plans))
     t = time.perf_counter()
     remote_part = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(convert_part)
-    owner: dict[Any, tuple[_Variant, list[str]]] = {}
+    owner: dict[Any, _Variant] = {}
     for variant in variants:
         spec = LoaderSpec.of(variant.loader)
         for names in partition(variant.plan, workers * tasks_per_worker):
-            owner[remote_part.remote(spec, names, os.fspath(variant.loader.cache_dir))] = (variant, names)
-            variant.pending += 1
+            owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
     host = {id(v): _write_sidecar(v) for v in variants}  # the driver's share, overlapped with the tasks
-    collected: dict[int, dict[str, Any]] = {id(v): {"digests": dict(host[id(v)][1]), "sizes": {}, "from_torch": 0.0}
-                                            for v in variants}
+    collected = {id(v): {"digests": dict(host[id(v)][1]), "sizes": {}, "from_torch": 0.0} for v in variants}
     waiting = list(owner)
     while waiting:
         done, waiting = ray.wait(waiting, num_returns=1)
-        variant, names = owner[done[0]]
+        variant = owner[done[0]]
         try:
             part = ray.get(done[0])
         except Exception as error:  # noqa: BLE001 - a task's failure is its variant's, reported below
@@ -214,20 +233,16 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
         got["sizes"] |= part["sizes"]
         got["from_torch"] += part["from_torch"]
         if progress is not None:
-            by_name = {tensorbin_name(w.name, w.fmt): w.name for w in variant.plan}
+            by_file = {tensorbin_name(w.name, w.fmt): w.name for w in variant.plan}
             for relative, size in part["sizes"].items():
-                progress.weight_done(by_name.get(relative, relative), size)
+                progress.weight_done(by_file.get(relative, relative), size)
     timings["convert"] = time.perf_counter() - t
     if progress is not None:
         progress.finish()
-    results = {}
     for variant in variants:
         got = collected[id(variant)]
-        results[id(variant)] = _finish(variant, host[id(variant)][0], got, dict(timings, from_torch=got["from_torch"]))
-    failed += [f"{v.loader.cache_dir}: {v.failed}" for v in variants if v.failed]
-    if failed:
-        raise SeedError("distributed seed failed for " + "; ".join(failed))
-    return [results[id(v)] if isinstance(v, _Variant) else v for v in prepared]
+        variant.result = _finish(variant, host[id(variant)][0], got, dict(timings, from_torch=got["from_torch"]))
+    return [f"{v.loader.cache_dir}: {v.failed}" for v in variants if v.failed]
 
 
 def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], dict[str, str]]:
@@ -237,7 +252,7 @@ def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], dict[str, str]]:
     host = {key: reader.get(key) for key in reader.keys() if loader.is_host_weight(key)}
     if not host or variant.args.partial:
         return host, {}
-    return host, write_host_sidecar(loader.cache_dir, host, loader.build_variant)
+    return host, write_host_sidecar(variant.root, host, loader.build_variant)
 
 
 def _finish(variant: _Variant, host: dict[str, Any], got: dict[str, Any], timings: dict[str, float]) -> SeedResult:
@@ -248,15 +263,18 @@ def _finish(variant: _Variant, host: dict[str, Any], got: dict[str, Any], timing
     complete = False
     if variant.failed is None:
         t = time.perf_counter()
-        problem = _verify(loader.cache_dir, files, got)
+        problem = _verify(variant.root, files, got)
         timings["verify"] = time.perf_counter() - t
         if problem:
             variant.failed = problem
         elif not variant.args.partial:
             reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
-            loader._mark_complete(variant.args, LazyStateDict(reader), host, files, got["digests"], variant.fingerprint)
+            recorded = [f"{variant.generation}/{name}" for name in files]
+            loader._mark_complete(variant.args, LazyStateDict(reader), host, recorded, got["digests"], variant.generation)
             complete = loader.status(variant.args).warm
-    sidecar = sum(os.stat(loader.cache_dir / name).st_size for name in got["digests"] if name not in got["sizes"])
+    retire_generations(loader.cache_dir)  # the previous generation once marked; this one if it failed
+    sidecar = sum(os.stat(variant.root / name).st_size for name in got["digests"]
+                  if name not in got["sizes"] and (variant.root / name).exists())
     seconds = time.perf_counter() - variant.start
     logger.info(f"{loader.model_name}: Ray seed {'complete' if complete else 'not complete'}, {len(got['sizes'])} "
                 f"files, {written / 2**20:,.0f} MiB in {seconds:.2f} s")
@@ -264,13 +282,13 @@ def _finish(variant: _Variant, host: dict[str, Any], got: dict[str, Any], timing
                       seconds, timings)
 
 
-def _verify(cache_dir: Path, files: list[str], got: dict[str, Any]) -> str | None:
+def _verify(root: Path, files: list[str], got: dict[str, Any]) -> str | None:
     """Every planned file written, with the size and content the worker reported (re-hashed here)."""
     missing = [f for f in files if f not in got["digests"]]
     if missing:
         return f"{len(missing)} planned files were not written (first: {missing[0]})"
     for relative in files:
-        path = cache_dir / relative
+        path = root / relative
         try:
             size = path.stat().st_size
         except FileNotFoundError:

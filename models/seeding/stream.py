@@ -75,5 +75,5 @@ def seed_streaming(loader: WeightLoader, progress: Any = None) -> SeedResult:
     seconds = time.perf_counter() - start
     logger.info(f"{loader.model_name}: seeded {counter.files} files, {counter.bytes / 2**20:,.0f} MiB "
                 f"in {seconds:.2f} s ({'warm' if after.warm else 'not complete: ' + after.reason})")
-    return SeedResult(loaded.cache_dir, False, status.reason, after.warm,
+    return SeedResult(loaded.cache_dir, loaded.warm, status.reason, after.warm,
                       counter.files + (sidecar is not None), counter.bytes + (sidecar.bytes if sidecar else 0), seconds)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from models.common.fileio import writing_into
 from tests.ttnn.tiny_models import make_checkpoint
 
 
@@ -25,7 +26,8 @@ def seeded(tmp_path_factory) -> tuple[dict[str, str], Path, Path]:
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     first = tt_cache("build", str(checkpoint), "--mesh", "N300", "--precision", "bfloat16", env=env)
     assert first.returncode == 0 and ": cold (" in first.stdout, first.stderr[-2000:]
-    return env, root / "cache" / "tiny-qwen3" / "bfloat16" / "mesh_1x2", checkpoint
+    (cache_dir,) = (root / "cache").glob("tiny-qwen3--*/bfloat16/mesh_1x2")
+    return env, cache_dir, checkpoint
 
 
 def test_build_twice_is_warm_and_ls_check_verify_agree(seeded):
@@ -53,18 +55,18 @@ def test_verify_names_a_flipped_byte_and_check_names_a_truncation(seeded, tmp_pa
     assert check.returncode == 1 and "is 10 bytes, marker says" in check.stdout
 
 
-def test_clean_removes_only_temp_files_of_dead_writers(seeded, tmp_path):
+def test_clean_removes_only_temp_files_no_live_writer_holds(seeded, tmp_path):
     env, cache_dir, _ = seeded
-    dead = cache_dir / ".w.tensorbin.tmp.999999999.1.aa.tensorbin"
-    alive = cache_dir / f".w.tensorbin.tmp.{os.getpid()}.1.bb.tensorbin"
-    dead.write_bytes(b"x")
-    alive.write_bytes(b"x")
-    try:
+    debris = cache_dir / ".w.tensorbin.tmp.999999999.1.aaaaaaaa.tensorbin"
+    user_file = cache_dir / ".env.tmp.2024"
+    debris.write_bytes(b"x")
+    user_file.write_bytes(b"mine")
+    with writing_into(cache_dir):  # a live writer in this dir (its pid is irrelevant)
         out = tt_cache("clean", str(cache_dir), env=env)
-        assert out.returncode == 0 and not dead.exists() and alive.exists()
-        assert tt_cache("check", str(cache_dir), env=env).returncode == 0
-    finally:
-        alive.unlink(missing_ok=True)
+        assert out.returncode == 0 and debris.exists()
+    out = tt_cache("clean", str(cache_dir), env=env)
+    assert out.returncode == 0 and not debris.exists() and user_file.read_bytes() == b"mine"
+    assert tt_cache("check", str(cache_dir), env=env).returncode == 0
 
 
 def test_check_of_an_empty_dir_is_cold(seeded, tmp_path):
