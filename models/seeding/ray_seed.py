@@ -250,7 +250,7 @@ def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], dict[str, str]]:
     loader = variant.loader
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
     host = {key: reader.get(key) for key in reader.keys() if loader.is_host_weight(key)}
-    if not host or variant.args.partial:
+    if not host:
         return host, {}
     return host, write_host_sidecar(variant.root, host, loader.build_variant)
 
@@ -267,7 +267,7 @@ def _finish(variant: _Variant, host: dict[str, Any], got: dict[str, Any], timing
         timings["verify"] = time.perf_counter() - t
         if problem:
             variant.failed = problem
-        elif not variant.args.partial:
+        else:
             reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
             recorded = [f"{variant.generation}/{name}" for name in files]
             loader._mark_complete(variant.args, LazyStateDict(reader), host, recorded, got["digests"], variant.generation)

@@ -51,11 +51,9 @@ def test_seed_writes_the_cache_a_cold_load_writes(family, tiny, tmp_path):
     progress = RecordingProgress()
     result = seeder.seed(progress)
     assert not result.warm and result.complete and "no completion marker" in result.reason
-    assert_same_cache(loaded.cache_dir, result.cache_dir)
+    assert_same_cache(loaded.cache_dir, result.cache_dir, seeder.build_variant)
     assert verify_weight_cache(result.cache_dir, seeder.build_variant) == []
-    marker_a = read_marker(loaded.cache_dir, seeder.build_variant)
     marker_b = read_marker(result.cache_dir, seeder.build_variant)
-    assert marker_a.files == marker_b.files and marker_a.host_sidecar == marker_b.host_sidecar
     # progress: start with the plan's weight count, one call per tensorbin as written, finish last
     assert progress.calls[0][0] == "start" and progress.calls[-1] == ("finish",)
     done = [c for c in progress.calls if c[0] == "done"]
@@ -82,9 +80,11 @@ def test_seed_of_a_warm_cache_builds_nothing(tiny, tmp_path):
     assert mtimes == {f: (first.cache_dir / f).stat().st_mtime_ns for f in list_cache_files(first.cache_dir)}
 
 
-def test_seed_of_some_layers_is_not_complete(tiny, tmp_path):
-    result = loader_class("llama")(tiny["llama"], cache_root=tmp_path, num_layers=1).seed()
-    assert not result.warm and not result.complete and result.files > 0
+def test_seed_of_some_layers_completes_its_own_cache_only(tiny, tmp_path):
+    cls = loader_class("llama")
+    result = cls(tiny["llama"], cache_root=tmp_path, num_layers=1).seed()
+    assert not result.warm and result.complete and result.files > 0
+    assert not cls(tiny["llama"], cache_root=tmp_path).status().warm
 
 
 def test_seed_without_checkpoint_of_a_cold_cache_is_a_clear_error(tiny, tmp_path):
@@ -106,7 +106,7 @@ def test_seed_that_fails_midway_leaves_the_cache_cold(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="no tensor for"):
         loader.seed()
     assert not loader.status().warm
-    assert any(list_cache_files(loader.cache_dir)), "the weights before the failure were written"
+    assert list_cache_files(loader.cache_dir), "the weights before the failure were written"
 
 
 def test_released_checkpoint_pages_read_back_the_same(tiny):

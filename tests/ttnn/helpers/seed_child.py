@@ -7,6 +7,7 @@ or ``ray:N`` (:func:`models.seeding.ray_seed.seed_on_ray` with N local workers).
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -67,13 +68,26 @@ def main() -> None:
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def assert_same_cache(a: Path, b: Path) -> None:
-    """Two cache dirs hold the same tensorbins, byte for byte."""
-    from models.common.weight_cache import list_cache_files
+def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
+    """A cache's marker without what differs between two equal builds (generation name, stat
+    stamps): every file's build-relative path, size and digest, the sidecar, the manifest."""
+    from models.common.marker import build_relative, read_marker
 
-    files = list_cache_files(a)
-    assert files and files == list_cache_files(b)
-    different = [f for f in files if not filecmp.cmp(a / f, b / f, shallow=False)]
+    marker = read_marker(cache_dir, build_variant)
+    records = marker.all_files()
+    body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None}
+    body["files"] = sorted((build_relative(r.path, marker.generation), r.bytes, r.digest) for r in records)
+    return body
+
+
+def assert_same_cache(a: Path, b: Path, build_variant: dict) -> None:
+    """Two caches vouch for the same files (marker essence) and hold them byte for byte."""
+    from models.common.marker import read_marker
+
+    essence = marker_essence(a, build_variant)
+    assert essence == marker_essence(b, build_variant)
+    roots = [d / (read_marker(d, build_variant).generation or "") for d in (a, b)]
+    different = [f for f, _, _ in essence["files"] if not filecmp.cmp(roots[0] / f, roots[1] / f, shallow=False)]
     assert not different, f"files differ between the two builds: {different}"
 
 
