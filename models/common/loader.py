@@ -57,6 +57,7 @@ from models.common.generations import build_lock, new_generation, reader_lease, 
 from models.common.marker import build_relative, read_marker, touch_last_used, user_stamp_dir
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
+from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.tensor_cache import PRECISIONS, TensorCache, TensorFormat
 from models.common.weight_cache import (
     DEFAULT_FORCE_ENV,
@@ -123,6 +124,7 @@ class LoadedModel:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     cached: bool = True  # False: a cold build that could not write the cache (it stays cold)
+    prefetch: Prefetcher | None = None  # warm: still reading the cache's files ahead (``wait()`` for it)
 
 
 class WeightSink:
@@ -181,7 +183,10 @@ class WeightLoader(ABC):
         mesh_device: Any = None,
         force_env: str | None = DEFAULT_FORCE_ENV,
         cache_dir: str | os.PathLike | None = None,
+        prefetch: int | None = None,
     ) -> None:
+        """``prefetch``: threads reading a warm cache's files ahead of use (0: none; default
+        ``$TT_PREFETCH_THREADS`` or 4), see :mod:`models.common.prefetch`."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
@@ -201,6 +206,7 @@ class WeightLoader(ABC):
         self.cache_root = Path(cache_root or default_cache_root())
         self.checkpoint_dir = resolve_checkpoint_dir(model)
         self._named_cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.prefetch = prefetch_threads(prefetch)
 
     # -- what a family provides -------------------------------------------------------------
 
@@ -343,14 +349,18 @@ class WeightLoader(ABC):
         state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
         recorded = frozenset(build_relative(record.path, marker.generation) for record in marker.files)
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
-        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
+        prefetcher = Prefetcher(self.prefetch) if self.prefetch else None
+        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded,
+                            prefetch=prefetcher)
         sink = WeightSink(cache, state, state.host_keys())
         self.convert(sink, args)
+        if prefetcher is not None and marker.host_sidecar is not None:
+            prefetcher.add([self.cache_dir / marker.host_sidecar.path])
         touch_last_used(self.cache_dir, self.build_variant)
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: warm build from {root} in {seconds:.3f} s")
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
-                           "complete", seconds)
+                           "complete", seconds, prefetch=prefetcher)
 
     def seed(self, progress: Any = None) -> Any:
         """Make the cache warm and return a :class:`~models.seeding.stream.SeedResult`, keeping

@@ -31,6 +31,7 @@ from loguru import logger
 
 from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
 from models.common.mesh import MeshShape, Placement, shard, shard_shape
+from models.common.prefetch import Prefetcher
 from models.common.weight_cache import WeightCacheError, is_placeholder_tensor
 
 PRECISIONS: dict[str, Any] = {
@@ -115,6 +116,7 @@ class TensorCache:
         recorded: frozenset[str] | None = None,
         max_pending: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
+        prefetch: Prefetcher | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir)
         self._root = os.fspath(cache_dir)
@@ -132,6 +134,7 @@ class TensorCache:
         self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self.recorded = recorded  # warm: the files the marker vouches for (None: any)
+        self.prefetch = prefetch  # warm: reads each file ahead as it is mapped, in the loader's order
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
@@ -140,7 +143,10 @@ class TensorCache:
         if not self.rebuild:
             if self.recorded is not None and relative not in self.recorded:
                 raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
-            result = self._load(os.path.join(self._root, relative), name, tensor, fmt)
+            path = os.path.join(self._root, relative)
+            if self.prefetch is not None:
+                self.prefetch.add([path])
+            result = self._load(path, name, tensor, fmt)
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
