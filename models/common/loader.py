@@ -31,7 +31,7 @@ import contextlib
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -57,6 +57,7 @@ from models.common.generations import build_lock, new_generation, reader_lease, 
 from models.common.marker import build_relative, read_marker, touch_last_used, user_stamp_dir
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
+from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.tensor_cache import PRECISIONS, TensorCache, TensorFormat
 from models.common.weight_cache import (
     DEFAULT_FORCE_ENV,
@@ -98,6 +99,10 @@ class LazyStateDict(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self._reader
 
+    def release_read(self) -> None:
+        """Drop the pages of the tensors read so far (a streaming seed, after each weight)."""
+        self._reader.release_read()
+
     def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Shapes and dtypes of every tensor (as placeholders), with the host weights already
         read for the build (``host``) real: nothing is read again."""
@@ -119,23 +124,41 @@ class LoadedModel:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     cached: bool = True  # False: a cold build that could not write the cache (it stays cold)
+    prefetch: Prefetcher | None = None  # warm: still reading the cache's files ahead (``wait()`` for it)
 
 
 class WeightSink:
-    """What ``convert`` writes into: ``put`` a weight in the form the device consumes."""
+    """What ``convert`` writes into: ``put`` a weight in the form the device consumes.
 
-    def __init__(self, cache: TensorCache, state: Mapping[str, Any], host_keys: Iterable[str]) -> None:
+    ``keep=False`` (a streaming seed) drops each converted weight once it is handed to the cache
+    and calls ``after_put`` (which releases the checkpoint pages it was made from)."""
+
+    def __init__(
+        self,
+        cache: TensorCache,
+        state: Mapping[str, Any],
+        host_keys: Iterable[str],
+        *,
+        keep: bool = True,
+        after_put: Callable[[str], None] | None = None,
+    ) -> None:
         self._cache = cache
         self.state = state
+        self.keep = keep
+        self.after_put = after_put
         self.weights: dict[str, ttnn.Tensor] = {}
         self.formats: dict[str, TensorFormat] = {}
         self.host: dict[str, torch.Tensor] = {k: state[k] for k in host_keys if k in state}
 
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
-        if name in self.weights:
+        if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
-        self.weights[name] = self._cache.as_tensor(name, tensor, fmt)
+        converted = self._cache.as_tensor(name, tensor, fmt)
         self.formats[name] = fmt
+        if self.keep:
+            self.weights[name] = converted
+        if self.after_put is not None:
+            self.after_put(name)
 
 
 class WeightLoader(ABC):
@@ -160,7 +183,10 @@ class WeightLoader(ABC):
         mesh_device: Any = None,
         force_env: str | None = DEFAULT_FORCE_ENV,
         cache_dir: str | os.PathLike | None = None,
+        prefetch: int | None = None,
     ) -> None:
+        """``prefetch``: threads reading a warm cache's files ahead of use (0: none; default
+        ``$TT_PREFETCH_THREADS`` or 4), see :mod:`models.common.prefetch`."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
@@ -180,6 +206,7 @@ class WeightLoader(ABC):
         self.cache_root = Path(cache_root or default_cache_root())
         self.checkpoint_dir = resolve_checkpoint_dir(model)
         self._named_cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.prefetch = prefetch_threads(prefetch)
 
     # -- what a family provides -------------------------------------------------------------
 
@@ -322,16 +349,31 @@ class WeightLoader(ABC):
         state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
         recorded = frozenset(build_relative(record.path, marker.generation) for record in marker.files)
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
-        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
+        prefetcher = Prefetcher(self.prefetch) if self.prefetch else None
+        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded,
+                            prefetch=prefetcher)
         sink = WeightSink(cache, state, state.host_keys())
         self.convert(sink, args)
+        if prefetcher is not None and marker.host_sidecar is not None:
+            prefetcher.add([self.cache_dir / marker.host_sidecar.path])
         touch_last_used(self.cache_dir, self.build_variant)
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: warm build from {root} in {seconds:.3f} s")
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
-                           "complete", seconds)
+                           "complete", seconds, prefetch=prefetcher)
 
-    def _load_cold(self, args: ModelArgs, reason: str, start: float) -> LoadedModel:
+    def seed(self, progress: Any = None) -> Any:
+        """Make the cache warm and return a :class:`~models.seeding.stream.SeedResult`, keeping
+        no weight: the explicit cache-only alternative to :meth:`load` (which returns host
+        tensors). A cold cache is built streaming, each weight read, converted, written and
+        released, so peak memory does not grow with the model. ``progress``: see
+        :mod:`models.seeding.progress`."""
+        from models.seeding.stream import seed_streaming
+
+        return seed_streaming(self, progress)
+
+    def _load_cold(self, args: ModelArgs, reason: str, start: float, **build: Any) -> LoadedModel:
+        """``build``: the streaming options of :meth:`_build` (a seed)."""
         if not self.has_checkpoint_weights:
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
@@ -343,12 +385,15 @@ class WeightLoader(ABC):
                 if loaded is not None:
                     return loaded
             logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
-            loaded = self._build(args, reason, start, locked)
+            loaded = self._build(args, reason, start, locked, **build)
             if locked:
                 retire_generations(self.cache_dir)
         return loaded
 
-    def _build(self, args: ModelArgs, reason: str, start: float, locked: bool) -> LoadedModel:
+    def _build(self, args: ModelArgs, reason: str, start: float, locked: bool, *, stream: bool = False,
+               on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
+        """``stream`` (a seed): keep no converted weight, at most one write queued, checkpoint
+        pages released after each weight; ``on_written(name, bytes)`` as each file is written."""
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
         generation = None
@@ -356,10 +401,12 @@ class WeightLoader(ABC):
             with contextlib.suppress(OSError):  # unwritable: the writes below report it once
                 generation = new_generation(self.cache_dir)
         root = self.cache_dir / generation if generation else self.cache_dir
-        cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device)
+        cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
+                            max_pending=1 if stream else None, on_written=on_written)
         if generation is None:
             cache.write_errors.append(f"{self.cache_dir} is not writable")
-        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)])
+        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream,
+                          after_put=(lambda _: state.release_read()) if stream else None)
         if sink.host and generation:
             cache.submit_file(write_host_sidecar, root, sink.host, self.build_variant)
         try:

@@ -31,6 +31,7 @@ from loguru import logger
 
 from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
 from models.common.mesh import MeshShape, Placement, shard, shard_shape
+from models.common.prefetch import Prefetcher
 from models.common.weight_cache import WeightCacheError, is_placeholder_tensor
 
 PRECISIONS: dict[str, Any] = {
@@ -113,6 +114,9 @@ class TensorCache:
         mesh_device: Any = None,
         memory_config: Any = None,
         recorded: frozenset[str] | None = None,
+        max_pending: int | None = None,
+        on_written: Callable[[str, int], None] | None = None,
+        prefetch: Prefetcher | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir)
         self._root = os.fspath(cache_dir)
@@ -122,9 +126,15 @@ class TensorCache:
         self.memory_config = memory_config
         self.files: list[str] = []
         self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
-        self._pending: list[Future] = []  # each gives {relative path: content digest}
+        self._pending: list[tuple[str, Future]] = []  # (weight name, future of {relative path: content digest})
+        self._digests: dict[str, str] = {}  # of the writes already collected
+        # A streaming seed bounds the converted tensors waiting for the writer (memory flat in
+        # model size) and reports each weight once its file is written (``on_written(name, bytes)``).
+        self.max_pending = max_pending
+        self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self.recorded = recorded  # warm: the files the marker vouches for (None: any)
+        self.prefetch = prefetch  # warm: reads each file ahead as it is mapped, in the loader's order
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
@@ -133,7 +143,10 @@ class TensorCache:
         if not self.rebuild:
             if self.recorded is not None and relative not in self.recorded:
                 raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
-            result = self._load(os.path.join(self._root, relative), name, tensor, fmt)
+            path = os.path.join(self._root, relative)
+            if self.prefetch is not None:
+                self.prefetch.add([path])
+            result = self._load(path, name, tensor, fmt)
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
@@ -141,7 +154,10 @@ class TensorCache:
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
-            self._pending.append(self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result))
+            self._pending.append((name, self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result)))
+            if self.max_pending is not None:
+                while len(self._pending) > self.max_pending:
+                    self._collect(*self._pending.pop(0))
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
@@ -172,7 +188,7 @@ class TensorCache:
     def submit_file(self, write: Callable[..., dict[str, str]], *args: Any) -> None:
         """Run another file writer (returning ``{relative path: digest}``) on the writer thread,
         overlapped with conversion like the tensorbins."""
-        self._pending.append(self._writer.submit(self._guarded, write, *args))
+        self._pending.append(("", self._writer.submit(self._guarded, write, *args)))
 
     def _guarded(self, write: Callable[..., dict[str, str]], *args: Any) -> dict[str, str]:
         """Run a writer; a cache dir that cannot be written is reported once, not fatal: the
@@ -188,10 +204,10 @@ class TensorCache:
 
     def finish(self) -> dict[str, str]:
         """Wait for every write; return ``{relative path: content digest}`` of the files written."""
-        digests: dict[str, str] = {}
-        for future in self._pending:
-            digests.update(future.result())
+        for name, future in self._pending:
+            self._collect(name, future)
         self._pending.clear()
+        digests, self._digests = self._digests, {}
         if not self.write_errors:
             for directory in {(self.cache_dir / relative).parent for relative in digests}:
                 fsync_dir(directory)
@@ -199,8 +215,16 @@ class TensorCache:
             self._writer.shutdown(wait=True)
         return digests
 
+    def _collect(self, name: str, future: Future) -> None:
+        """Wait for one write and keep its digests; report a weight's file to ``on_written``."""
+        written = future.result()
+        self._digests.update(written)
+        if self.on_written is not None and name:
+            for relative in written:
+                self.on_written(name, os.stat(os.path.join(self._root, relative)).st_size)
+
     def abort(self) -> None:
-        for future in self._pending:
+        for _, future in self._pending:
             future.cancel()
         if self._writer is not None:
             self._writer.shutdown(wait=True, cancel_futures=True)
