@@ -196,8 +196,11 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     from models.seeding.runner import SeedInputError, SeedOptions, run_plan
 
+    if args.workers < 1:
+        raise CliError(f"--workers {args.workers}: must be at least 1")
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
-                          log_every=args.progress_every, progress=not args.json)
+                          log_every=args.progress_every, progress=not args.json, workers=args.workers,
+                          address=args.address)
     try:
         report = run_plan(plan, options)
     except SeedInputError as error:
@@ -261,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="abort a seed that wrote nothing for S seconds, naming the last weight")
     seed.add_argument("--progress-every", type=float, default=30.0, metavar="N",
                       help="seconds between progress lines when stderr is not a terminal (default 30)")
+    seed.add_argument("--workers", type=int, default=1, metavar="N",
+                      help="convert each model on a local Ray instance of N CPUs (default 1: in one process)")
+    seed.add_argument("--address", help="convert on an existing Ray cluster (ray://host:port or auto)")
 
     gc = _add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
     gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")

@@ -43,6 +43,8 @@ class SeedOptions:
     stall_timeout: float | None = None
     log_every: float = 30.0
     progress: bool = True
+    workers: int = 1  # >= 2: a local Ray instance of that many CPUs per seed (models.seeding.ray_seed)
+    address: str | None = None  # an existing Ray cluster
 
 
 # -- one model -----------------------------------------------------------------------------------
@@ -117,7 +119,8 @@ def build_one(combination: Combination, *, cache_root: str | None = None,
 def _worker_command(combination: Combination, options: SeedOptions, fd: int) -> list[str]:
     import json
 
-    spec = {"combination": combination.as_json(), "cache_root": options.cache_root}
+    spec = {"combination": combination.as_json(), "cache_root": options.cache_root,
+            "workers": options.workers, "address": options.address}
     return [sys.executable, "-m", "models.seeding.worker", json.dumps(spec), str(fd)]
 
 

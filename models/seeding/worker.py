@@ -21,20 +21,18 @@ def main(argv: list[str]) -> int:
     try:
         from models.seeding.runner import SeedInputError, open_model
 
+        from models.seeding import seed_models
+
         loader, _ = open_model(combination, spec.get("cache_root"))
-        if hasattr(loader, "seed"):
-            loader.seed(progress=progress)
-        else:  # a loader without the streaming seed: no per-weight progress
-            progress.start(0, 0)
-            loader.load()
-            progress.finish()
+        (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),
+                                progress=progress)
     except SeedInputError as error:
         progress.send("result", ok=False, reason=str(error))
         return 2
     except Exception as error:  # noqa: BLE001 - reported to the parent as this combination's failure
         progress.send("result", ok=False, reason=f"{type(error).__name__}: {error}")
         return 1
-    progress.send("result", ok=True)
+    progress.send("result", ok=result.complete, reason="" if result.complete else "the seed left the cache cold")
     return 0
 
 
