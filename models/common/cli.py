@@ -199,7 +199,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise CliError(f"--workers {args.workers}: must be at least 1")
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
-                          log_every=args.progress_every, progress=not args.json, workers=args.workers,
+                          log_every=args.progress_every, workers=args.workers,
                           address=args.address)
     try:
         report = run_plan(plan, options)

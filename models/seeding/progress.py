@@ -88,6 +88,7 @@ class ProgressSnapshot:
     last_weight: str | None
     elapsed: float
     idle: float
+    started: bool
 
     @property
     def bytes_per_second(self) -> float:
@@ -124,6 +125,7 @@ class ProgressTracker:
         self._started = self._last_activity = self._last_log = clock()
         self.weights_done = self.total_weights = self.bytes_done = self.total_bytes = 0
         self.last_weight: str | None = None
+        self.started = False
         self._bar = None
 
     def _touch(self) -> None:
@@ -132,6 +134,7 @@ class ProgressTracker:
     def start(self, total_weights: int, total_bytes: int) -> None:
         with self._lock:
             self.total_weights, self.total_bytes = int(total_weights), int(total_bytes)
+            self.started = True
             self._touch()
             if self._show and self._stream.isatty():
                 from tqdm import tqdm
@@ -170,11 +173,11 @@ class ProgressTracker:
         with self._lock:
             now = self._clock()
             return ProgressSnapshot(self.weights_done, self.total_weights, self.bytes_done, self.total_bytes,
-                                    self.last_weight, now - self._started, now - self._last_activity)
+                                    self.last_weight, now - self._started, now - self._last_activity, self.started)
 
     def tick(self) -> None:
-        """Called periodically: the log line when not on a terminal."""
-        if not self._show or self._bar is not None:
+        """Called periodically: the log line when not on a terminal (once the seed started)."""
+        if not self._show or self._bar is not None or not self.started:
             return
         now = self._clock()
         if now - self._last_log >= self._log_every:
@@ -185,15 +188,28 @@ class ProgressTracker:
         self.finish()
 
 
-class StallWatchdog:
-    """Says a seed stalled once nothing was written for ``timeout`` seconds (tt-inference-server 1473)."""
+STARTUP_SECONDS = 300.0  # imports and the weight plan, before a seed can write anything
 
-    def __init__(self, timeout: float | None) -> None:
+
+class StallWatchdog:
+    """Says a seed stalled once nothing was written for ``timeout`` seconds (tt-inference-server 1473).
+
+    The clock starts at the seed's ``start`` call; before it (imports, reading the checkpoint's
+    headers: seconds on a loaded machine) the allowance is ``max(timeout, STARTUP_SECONDS)``."""
+
+    def __init__(self, timeout: float | None, startup: float = STARTUP_SECONDS) -> None:
         self.timeout = timeout
+        self.startup = None if timeout is None else max(timeout, startup)
 
     def check(self, snapshot: ProgressSnapshot) -> str | None:
-        if self.timeout is None or snapshot.idle < self.timeout:
+        if self.timeout is None:
+            return None
+        if not snapshot.started:
+            if snapshot.elapsed < self.startup:
+                return None
+            return f"the seed did not start writing within {snapshot.elapsed:.0f} s"
+        if snapshot.idle < self.timeout:
             return None
         last = f"last weight written: {snapshot.last_weight}" if snapshot.last_weight else "no weight written yet"
-        return (f"stalled: nothing written for {snapshot.idle:.0f} s (--stall-timeout {self.timeout:g}); {last} "
+        return (f"nothing written for {snapshot.idle:.0f} s (--stall-timeout {self.timeout:g}); {last} "
                 f"({snapshot.weights_done}/{snapshot.total_weights or '?'} weights)")

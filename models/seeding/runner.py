@@ -130,8 +130,9 @@ def _worker_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
 
 
-def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> tuple[bool, str]:
-    """Seed one combination in a worker process; (finished without error, reason when not)."""
+def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> tuple[str | None, str]:
+    """Seed one combination in a worker process: (None, "") when it finished without error, else
+    (:data:`STALLED` or :data:`FAILED`, why)."""
     watchdog = StallWatchdog(options.stall_timeout)
     read_end, write_end = os.pipe()
     try:
@@ -163,13 +164,13 @@ def run_worker(combination: Combination, options: SeedOptions, tracker: Progress
     code = worker.wait()
     tracker.close()
     if stalled:
-        return False, stalled
+        return STALLED, stalled
     if result is not None:
-        return bool(result.get("ok")), str(result.get("reason", ""))
+        return (None, "") if result.get("ok") else (FAILED, str(result.get("reason", "")))
     last = tracker.snapshot()
     after = f"after {last.weights_done} weights (last {last.last_weight})" if last.last_weight else "before any weight"
     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    return False, f"seed worker died ({how}) {after}"
+    return FAILED, f"seed worker died ({how}) {after}"
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -210,9 +211,9 @@ def run_combination(combination: Combination, options: SeedOptions) -> CaseResul
     if options.check_only:
         return result(COLD, status.reason, loader.cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
-    finished, reason = run_worker(combination, options, tracker)
-    if not finished:
-        return result(STALLED if reason.startswith("stalled") else FAILED, reason, loader.cache_dir, tracker)
+    outcome, reason = run_worker(combination, options, tracker)
+    if outcome is not None:
+        return result(outcome, reason, loader.cache_dir, tracker)
     after = loader.status(args)
     if not after.warm:
         return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", loader.cache_dir, tracker)
