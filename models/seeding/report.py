@@ -76,6 +76,7 @@ class SeedReport:
 
 
 def write_json_report(report: SeedReport, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(report.as_json(), indent=2) + "\n").encode(), durable=False)
 
 
@@ -102,4 +103,5 @@ def junit_xml(report: SeedReport) -> bytes:
 
 
 def write_junit(report: SeedReport, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, junit_xml(report), durable=False)
