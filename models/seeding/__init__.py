@@ -17,9 +17,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from models.seeding.stream import SeedResult
+if TYPE_CHECKING:  # the package import stays light: tt-cache ls/check import submodules of it
+    from models.seeding.stream import SeedResult
 
 
 def seed_models(loaders: Sequence[Any], *, workers: int = 1, address: str | None = None,

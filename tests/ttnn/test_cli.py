@@ -39,7 +39,7 @@ def test_build_twice_is_warm_and_ls_check_verify_agree(seeded):
 
 
 def test_ls_json_is_torch_and_ttnn_free(seeded):
-    """ls, check and verify import neither torch nor ttnn: they answer in a fraction of a second."""
+    """ls, check, verify and gc --dry-run import neither torch nor ttnn: they answer in a fraction of a second."""
     env, cache_dir, _ = seeded
     probe = (
         "import json, sys, runpy\n"
@@ -49,7 +49,8 @@ def test_ls_json_is_torch_and_ttnn_free(seeded):
         "print(json.dumps({'heavy': sorted(m for m in ('torch', 'ttnn') if m in sys.modules)}))\n"
         "sys.exit(code)\n"
     )
-    for args in (["ls", "--json"], ["check", str(cache_dir), "--json"], ["verify", str(cache_dir), "--json"]):
+    for args in (["gc", "--max-size", "1G", "--dry-run", "--json"], ["check", str(cache_dir), "--json"],
+                 ["verify", str(cache_dir), "--json"], ["ls", "--json"]):
         out = subprocess.run([sys.executable, "-c", probe, *args], env=env, cwd=REPO_ROOT, capture_output=True,
                              text=True)
         assert out.returncode == 0, out.stderr[-2000:]
