@@ -4,13 +4,15 @@ processes, a real read-only bind mount, a real truncated file and a real hung se
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
-import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -146,3 +148,33 @@ def test_plan_parsing_expands_every_combination():
         parse_plan("models:\n  - {model: a, meshes: [N150, N150], precisions: [bfloat16]}\n", Path("p.yaml"))
     with pytest.raises(PlanError, match=r"models\[0\]: 'model' must be"):
         parse_plan("models:\n  - {meshes: [N150], precisions: [bfloat16]}\n", Path("p.yaml"))
+
+
+def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal_and_log_lines_elsewhere(tmp_path):
+    from models.seeding.progress import ProgressTracker
+
+    controller, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
+    with open(terminal, "w", closefd=True) as tty:
+        bar = ProgressTracker("tiny [N150 bfloat16]", stream=tty)
+        bar.start(4, 4 << 20)
+        for index in range(3):
+            time.sleep(0.05)
+            bar.weight_done(f"layers.{index}.wq", 1 << 20)
+        bar.close()
+        tty.flush()
+        shown = os.read(controller, 1 << 16).decode(errors="replace")
+    os.close(controller)
+    assert "tiny [N150 bfloat16]" in shown and "3.00M/4.00M" in shown and "3/4 weights" in shown
+    assert re.search(r"\d+(\.\d+)?[kM]?B/s", shown) and re.search(r"<\d\d:\d\d", shown), shown  # rate and ETA
+
+    log = tmp_path / "seed.log"
+    with open(log, "w") as stream:
+        lines = ProgressTracker("tiny [N150 bfloat16]", stream=stream, log_every=0)
+        lines.tick()  # nothing before the seed starts writing
+        lines.start(4, 4 << 20)
+        lines.weight_done("layers.0.wq", 1 << 20)
+        lines.tick()
+    (line,) = log.read_text().splitlines()
+    assert re.fullmatch(r"tiny \[N150 bfloat16\]: 1/4 weights, 1\.0 of 4\.0 MiB, [\d.,]+ MiB/s, ETA \d+ s, "
+                        r"last layers\.0\.wq", line), line
