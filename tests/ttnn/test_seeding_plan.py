@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -178,3 +179,26 @@ def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal_and_log_lines_elsewhe
     (line,) = log.read_text().splitlines()
     assert re.fullmatch(r"tiny \[N150 bfloat16\]: 1/4 weights, 1\.0 of 4\.0 MiB, [\d.,]+ MiB/s, ETA \d+ s, "
                         r"last layers\.0\.wq", line), line
+
+
+def test_check_after_the_checkpoint_changed_is_cold(ci, tmp_path):
+    """``seed --check`` asks the loader's own gate, so changed weights are cold there, while
+    ``check DIR`` still vouches for the old cache dir, which is intact for the weights it was built from."""
+    checkpoint = tmp_path / "tiny-llama"
+    shutil.copytree(ci["llama"], checkpoint)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(json.dumps({"models": [{"model": str(checkpoint), "meshes": ["N300"],
+                                            "precisions": ["bfloat8_b"], "components": ["text"]}]}))
+    env = {**ci["env"], "TT_CACHE_PATH": str(ci["root"] / "cache")}  # same weights: already warm there
+    before = tt_cache("seed", "--plan", str(plan), "--check", "--json", env=env)
+    assert before.returncode == 0, before.stderr[-2000:]
+    (case,) = json_out(before)["cases"]
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(255 - b for b in data[-64:])  # same size, other values
+    weights.write_bytes(bytes(data))
+    after = tt_cache("seed", "--plan", str(plan), "--check", "--json", env=env)
+    assert after.returncode == 1
+    (changed,) = json_out(after)["cases"]
+    assert changed["outcome"] == "cold" and changed["cache_dir"] != case["cache_dir"]
+    assert tt_cache("check", case["cache_dir"], env=env).returncode == 0
