@@ -136,6 +136,7 @@ class ProgressTracker:
             self.total_weights, self.total_bytes = int(total_weights), int(total_bytes)
             self.started = True
             self._touch()
+            self._started = self._last_activity  # rates count from here, not from the worker's imports
             if self._show and self._stream.isatty():
                 from tqdm import tqdm
 
