@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import struct
@@ -164,8 +165,17 @@ def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal_and_log_lines_elsewhe
             bar.weight_done(f"layers.{index}.wq", 1 << 20)
         bar.close()
         tty.flush()
-        shown = os.read(controller, 1 << 16).decode(errors="replace")
+    shown = b""
+    while select.select([controller], [], [], 0.5)[0]:  # everything the terminal received
+        try:
+            chunk = os.read(controller, 1 << 16)
+        except OSError:  # EIO: the terminal side is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
     os.close(controller)
+    shown = shown.decode(errors="replace")
     assert "tiny [N150 bfloat16]" in shown and "3.00M/4.00M" in shown and "3/4 weights" in shown
     assert re.search(r"\d+(\.\d+)?[kM]?B/s", shown) and re.search(r"<\d\d:\d\d", shown), shown  # rate and ETA
 
@@ -174,6 +184,7 @@ def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal_and_log_lines_elsewhe
         lines = ProgressTracker("tiny [N150 bfloat16]", stream=stream, log_every=0)
         lines.tick()  # nothing before the seed starts writing
         lines.start(4, 4 << 20)
+        time.sleep(0.01)
         lines.weight_done("layers.0.wq", 1 << 20)
         lines.tick()
     (line,) = log.read_text().splitlines()
