@@ -17,9 +17,10 @@ cache stays readable by plain ttnn code. What this adds:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,15 @@ class TensorFormat:
     dtype: Any
     layout: Any
     placement: Placement
+
+
+# bytes per element of each ttnn dtype as stored (block floats: 16 mantissas share an exponent byte)
+_STORED_BYTES = {"BFLOAT8_B": 1 + 1 / 16, "BFLOAT4_B": 0.5 + 1 / 16, "BFLOAT16": 2, "FLOAT32": 4}
+
+
+def stored_bytes(fmt: TensorFormat, elements: int) -> int:
+    """About what ``elements`` take converted to ``fmt`` (tile padding aside)."""
+    return int(elements * _STORED_BYTES.get(fmt.dtype.name, 2))
 
 
 def tensorbin_name(name: str, fmt: TensorFormat) -> str:
@@ -98,6 +108,22 @@ def host_shards(tensor: ttnn.Tensor) -> list[torch.Tensor]:
     return [ttnn.to_torch(t) for t in devices] if len(devices) > 1 else [ttnn.to_torch(tensor)]
 
 
+@contextlib.contextmanager
+def conversion_threads() -> Iterator[None]:
+    """Run a cold build's torch ops on one thread.
+
+    The host transforms (a QKV concat, an fp32 norm) are copies of a few MiB; with torch's
+    default intra-op pool, its OpenMP workers spin after every op and take the cores that
+    ``ttnn.from_torch`` (itself multi-threaded) needs: measured here, a 2 MiB ``torch.cat``
+    took 80-100 ms with 2 torch threads and 0.4 ms with one, and the conversions ran faster too."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 class TensorCache:
     """Loads cached weights and, on a cold build, converts and persists the missing ones.
 
@@ -114,7 +140,7 @@ class TensorCache:
         mesh_device: Any = None,
         memory_config: Any = None,
         recorded: frozenset[str] | None = None,
-        max_pending: int | None = None,
+        max_pending_bytes: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
         prefetch: Prefetcher | None = None,
     ) -> None:
@@ -126,11 +152,13 @@ class TensorCache:
         self.memory_config = memory_config
         self.files: list[str] = []
         self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
-        self._pending: list[tuple[str, Future]] = []  # (weight name, future of {relative path: content digest})
+        self.wait_seconds = 0.0  # time the converter waited for the writer (a streaming seed)
+        self._pending: list[tuple[str, Future, int]] = []  # (weight name, future {relative path: digest}, bytes)
         self._digests: dict[str, str] = {}  # of the writes already collected
         # A streaming seed bounds the converted tensors waiting for the writer (memory flat in
-        # model size) and reports each weight once its file is written (``on_written(name, bytes)``).
-        self.max_pending = max_pending
+        # model size; a byte budget, not a count, so small weights never wait on an fsync) and
+        # reports each weight once its file is written (``on_written(name, bytes)``).
+        self.max_pending_bytes = max_pending_bytes
         self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self.recorded = recorded  # warm: the files the marker vouches for (None: any)
@@ -156,10 +184,15 @@ class TensorCache:
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
             self.convert_seconds += time.perf_counter() - start
-            self._pending.append((name, self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result)))
-            if self.max_pending is not None:
-                while len(self._pending) > self.max_pending:
-                    self._collect(*self._pending.pop(0))
+            nbytes = stored_bytes(fmt, sum(s.numel() for s in shards))
+            self._pending.append((name, self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result),
+                                  nbytes))
+            if self.max_pending_bytes is not None:
+                start = time.perf_counter()
+                # the newest always waits its turn; the ones before it may hold at most the budget
+                while len(self._pending) > 1 and sum(p[2] for p in self._pending[:-1]) > self.max_pending_bytes:
+                    self._collect(*self._pending.pop(0)[:2])
+                self.wait_seconds += time.perf_counter() - start
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
@@ -190,7 +223,7 @@ class TensorCache:
     def submit_file(self, write: Callable[..., dict[str, str]], *args: Any) -> None:
         """Run another file writer (returning ``{relative path: digest}``) on the writer thread,
         overlapped with conversion like the tensorbins."""
-        self._pending.append(("", self._writer.submit(self._guarded, write, *args)))
+        self._pending.append(("", self._writer.submit(self._guarded, write, *args), 0))
 
     def _guarded(self, write: Callable[..., dict[str, str]], *args: Any) -> dict[str, str]:
         """Run a writer; a cache dir that cannot be written is reported once, not fatal: the
@@ -206,7 +239,7 @@ class TensorCache:
 
     def finish(self) -> dict[str, str]:
         """Wait for every write; return ``{relative path: content digest}`` of the files written."""
-        for name, future in self._pending:
+        for name, future, _ in self._pending:
             self._collect(name, future)
         self._pending.clear()
         digests, self._digests = self._digests, {}
@@ -226,7 +259,7 @@ class TensorCache:
                 self.on_written(name, os.stat(os.path.join(self._root, relative)).st_size)
 
     def abort(self) -> None:
-        for _, future in self._pending:
+        for _, future, _ in self._pending:
             future.cancel()
         if self._writer is not None:
             self._writer.shutdown(wait=True, cancel_futures=True)
