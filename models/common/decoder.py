@@ -8,8 +8,8 @@ weight                        host transform                         format
 ============================  =====================================  ==================
 ``attention.wqkv``            q/k/v ``[out,in]`` -> ``[in, out]``,     precision, TILE,
                               fused column-blocked per mesh column   column-parallel
-``attention.bqkv``            q/k/v biases (Qwen2), the column        bf16, TILE, split
-                              blocks of ``wqkv``, ``[1, out]``          over columns only
+``attention.bqkv``            q/k/v biases (Qwen2) in the column     bf16, TILE, split
+                              blocks of ``wqkv``, ``[1, out]``       over columns only
 ``attention.wo``              ``[in, out]``                          precision, TILE,
                                                                      row-parallel
 ``attention.{q,k}_norm``      ``[1, 1, head_dim/32, 32]``            bf16, ROW_MAJOR

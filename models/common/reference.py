@@ -60,6 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_kind(scaling: dict | None) -> str:
+    """``rope_type`` of a RoPE config (``type`` in older configs), ``"default"`` when absent."""
     return (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
 
 
@@ -102,10 +103,10 @@ def rope_attention_scale(scaling: dict | None, max_position_embeddings: int) -> 
     """The factor RoPE's cos and sin are multiplied by: LongRoPE's attention factor, else 1."""
     if rope_kind(scaling) != "longrope":
         return 1.0
-    original = scaling["original_max_position_embeddings"]
-    factor = scaling.get("factor") or max_position_embeddings / original
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_position_embeddings / original
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 

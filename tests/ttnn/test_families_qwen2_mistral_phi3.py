@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from models.common.checkpoint import CheckpointError
+from models.common.checkpoint import CheckpointError, read_config
 from models.common.decoder import column_blocked_heads
 from models.common.model_args import ModelArgs, attention_layer_types
 from models.common.reference import ReferenceDecoder, rope_inv_freq
@@ -29,6 +32,7 @@ from models.phi3 import Phi3Loader
 from models.phi3.loader import phi3_rope_parameters
 from models.qwen2 import Qwen2Loader
 from models.registry import family_of, loader_class
+from tests.ttnn.test_loaders import WARM_START_PROBE
 from tests.ttnn.tiny_models import LONGROPE_ORIGINAL_CONTEXT, hf_greedy, hf_logits, make_checkpoint, pcc, tensors_of
 
 # checkpoint name -> loader; phi3_partial_rotary is Phi-4-mini's variant (partial rotary, tied head)
@@ -131,6 +135,17 @@ def test_warm_build_reads_no_checkpoint_file(name, checkpoints, reference_logits
     warm = LOADERS[name](checkpoint, mesh_shape=(1, 2), precision="bfloat16").load()
     assert warm.warm
     assert max_error(warm, reference_logits[name, "short"], PROMPT) < 1e-3
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3"])
+def test_warm_start_process_imports_nothing_heavy(name, checkpoints, cache_root):
+    """The bias fusion and the fused-weight splits stay cheap on placeholders: a warm start pays
+    only for torch + ttnn (the probe of :mod:`tests.ttnn.test_loaders`, by ``model_type``)."""
+    load(name, checkpoints, precision="bfloat8_b")
+    out = subprocess.run([sys.executable, "-c", WARM_START_PROBE, family_of(read_config(checkpoints[name])),
+                          str(checkpoints[name])], env=dict(os.environ), capture_output=True, text=True)
+    report = [line for line in out.stdout.splitlines() if line.startswith(("WARM", "COLD"))]
+    assert report == ["WARM -"], out.stdout[-2000:] + out.stderr[-2000:]
 
 
 # -- each family's difference, laid out and mattering -------------------------------------------
