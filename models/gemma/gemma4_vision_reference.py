@@ -107,7 +107,7 @@ class Gemma4VisionReference:
         tokens that only padding fell into dropped, scaled by ``sqrt(width)``."""
         x = x.masked_fill(padding[:, None], 0.0)
         if x.shape[0] != length:
-            k = int(math.isqrt(x.shape[0] // length))
+            k = math.isqrt(x.shape[0] // length)
             if k * k * length != x.shape[0]:
                 raise ValueError(f"cannot pool {x.shape[0]} patches into {length} soft tokens")
             clamped = positions.clamp(min=0)
@@ -142,10 +142,16 @@ class Gemma4VisionReference:
 class Gemma4MultimodalReference(Gemma4Reference):
     """The Gemma 4 text forward with images: each image token of the prompt is replaced by the
     next soft token of the images (in order); the per-layer embeddings see the pad token there,
-    as in transformers. ``greedy`` / ``logits`` then work on prompts that hold image tokens."""
+    as in transformers. ``greedy`` / ``logits`` then work on prompts that hold image tokens.
+    Attention stays causal (transformers' default; the ``use_bidirectional_attention`` variants
+    are refused, not approximated)."""
 
     def __init__(self, loaded: LoadedModel, pixel_values: torch.Tensor, positions: torch.Tensor) -> None:
         super().__init__(loaded)
+        if self.text_config.get("use_bidirectional_attention"):
+            raise NotImplementedError(
+                f"use_bidirectional_attention={self.text_config['use_bidirectional_attention']!r} (image tokens "
+                "attending each other both ways) is not in the reference forward; it is causal only")
         self.image_token_id = int(loaded.args.config["image_token_id"])
         self.pad_token_id = int(self.text_config.get("pad_token_id") or 0)
         self.features = Gemma4VisionReference(loaded).image_features(pixel_values, positions)

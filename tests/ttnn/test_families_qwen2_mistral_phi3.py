@@ -245,7 +245,8 @@ def test_hub_style_configs_load_like_transformers(checkpoints, cache_root, tmp_p
 
     def phi3_128k(config):
         rope = config.pop("rope_parameters")
-        config["rope_scaling"] = {"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+        config["rope_scaling"] = {"type": "longrope", "short_factor": rope["short_factor"],
+                                  "long_factor": rope["long_factor"]}
         config.update(rope_theta=rope["rope_theta"], original_max_position_embeddings=LONGROPE_ORIGINAL_CONTEXT)
 
     rewrite_config(phi, phi3_128k)

@@ -136,3 +136,10 @@ def test_a_text_only_build_has_no_vision_forward(checkpoint, cache_root):
     loaded = Gemma4Loader(checkpoint, precision="bfloat16", components={"text"}).load()
     with pytest.raises(ValueError, match="no vision component"):
         Gemma4VisionReference(loaded)
+
+
+def test_bidirectional_image_attention_is_refused_not_approximated(checkpoint, cache_root):
+    loaded = Gemma4Loader(checkpoint, **TEXT_AND_VISION).load()
+    loaded.args.config["text_config"]["use_bidirectional_attention"] = "vision"  # this load's own copy
+    with pytest.raises(NotImplementedError, match="use_bidirectional_attention='vision'"):
+        Gemma4MultimodalReference(loaded, *patchified_images())
