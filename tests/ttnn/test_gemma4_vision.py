@@ -69,6 +69,20 @@ def hf_image_features(hf_model) -> torch.Tensor:
     return torch.cat(features)
 
 
+def with_tight_clip_bounds(checkpoint: Path, directory: Path) -> Path:
+    """A copy whose clipped linears really clip: inputs to [-0.5, 0.5], outputs to [-0.3, 0.3]."""
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(checkpoint, directory)
+    state = load_file(copy / "model.safetensors")
+    for name in state:
+        if name.endswith(("input_min", "input_max", "output_min", "output_max")):
+            bound = 0.5 if "input" in name else 0.3
+            state[name] = torch.full_like(state[name], -bound if name.endswith("min") else bound)
+    save_file(state, copy / "model.safetensors", metadata={"format": "pt"})
+    return copy
+
+
 def test_hf_features_have_one_row_per_real_soft_token(hf_image_features):
     assert tuple(hf_image_features.shape) == (SOFT_TOKENS, 128)  # the text width
 
@@ -105,6 +119,22 @@ def test_warm_text_and_image_prompt_gives_transformers_greedy_tokens(checkpoint,
                                       max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
     assert (reference.logits(prompt) - expected_logits).abs().max().item() < 1e-3
     assert reference.greedy(prompt, 8) == generated
+
+
+def test_clip_bounds_from_the_sidecar_clip_like_transformers(checkpoint, hf_image_features, cache_root, tmp_path):
+    """Bounds tight enough to bite: the features change, and still match transformers'."""
+    from transformers import Gemma4ForConditionalGeneration
+
+    tight = with_tight_clip_bounds(checkpoint, tmp_path / "tight")
+    pixels, positions = patchified_images()
+    with torch.no_grad():
+        model = Gemma4ForConditionalGeneration.from_pretrained(tight, dtype=torch.float32).eval()
+        expected = torch.cat(model.model.get_image_features(pixels, positions).pooler_output)
+    loaded = Gemma4Loader(tight, **TEXT_AND_VISION).load()
+    assert loaded.host_weights["vision.layers.0.attention.wq.input_max"].item() == 0.5
+    features = Gemma4VisionReference(loaded).image_features(pixels, positions)
+    assert (features - expected).abs().max().item() < 1e-3
+    assert (expected - hf_image_features).abs().max().item() > 1e-2
 
 
 def test_the_images_change_the_prediction(checkpoint, hf_model, cache_root):
