@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,9 @@ def test_a_live_writer_in_another_pid_namespace_keeps_its_temp(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+    deadline = time.monotonic() + 10  # --kill-child kills the namespace's pid 1 as unshare dies
+    while temp_writer_alive(Path(temp)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not temp_writer_alive(Path(temp))  # the kernel dropped its lock with it
 
 
