@@ -29,7 +29,12 @@ from typing import Any
 
 import torch
 
-from models.common.fileio import atomic_write_bytes, sha256_bytes, sha256_file, write_all
+from models.common.fileio import (
+    atomic_write_bytes,
+    sha256_bytes,
+    sha256_file,
+    write_all,
+)
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

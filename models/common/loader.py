@@ -53,8 +53,18 @@ from models.common.checkpoint import (
     read_config,
     resolve_checkpoint_dir,
 )
-from models.common.generations import build_lock, new_generation, reader_lease, retire_generations
-from models.common.marker import build_relative, read_marker, touch_last_used, user_stamp_dir
+from models.common.generations import (
+    build_lock,
+    new_generation,
+    reader_lease,
+    retire_generations,
+)
+from models.common.marker import (
+    build_relative,
+    read_marker,
+    touch_last_used,
+    user_stamp_dir,
+)
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
@@ -63,7 +73,6 @@ from models.common.weight_cache import (
     DEFAULT_FORCE_ENV,
     CacheStatus,
     WeightCacheError,
-    WeightCacheMarker,
     build_cached_state_dict,
     mark_weight_cache_complete,
     placeholder,
@@ -338,7 +347,7 @@ class WeightLoader(ABC):
                 if not leased:
                     continue
                 try:
-                    return self._load_warm(args, status.marker, start), "complete"
+                    return self._load_warm(args, status, start), "complete"
                 except WeightCacheError as error:
                     if not self.has_checkpoint_weights:
                         raise
@@ -346,9 +355,10 @@ class WeightLoader(ABC):
                     return None, str(error)
         return None, reason
 
-    def _load_warm(self, args: ModelArgs, marker: WeightCacheMarker, start: float) -> LoadedModel:
+    def _load_warm(self, args: ModelArgs, status: CacheStatus, start: float) -> LoadedModel:
+        marker = status.marker
         state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
-        recorded = frozenset(build_relative(record.path, marker.generation) for record in marker.files)
+        recorded = {build_relative(path, marker.generation): stamp for path, stamp in status.verified_stamps().items()}
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
         prefetcher = Prefetcher(self.prefetch) if self.prefetch else None
         cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,13 @@ import torch
 import ttnn
 from loguru import logger
 
-from models.common.fileio import atomic_output, content_digest_file, fsync_dir, fsync_file
+from models.common.fileio import (
+    atomic_output,
+    content_digest_file,
+    fsync_dir,
+    fsync_file,
+)
+from models.common.marker import Stamp, stat_stamp
 from models.common.mesh import MeshShape, Placement, shard, shard_shape
 from models.common.prefetch import Prefetcher
 from models.common.weight_cache import WeightCacheError, is_placeholder_tensor
@@ -139,7 +145,7 @@ class TensorCache:
         rebuild: bool,
         mesh_device: Any = None,
         memory_config: Any = None,
-        recorded: frozenset[str] | None = None,
+        recorded: Mapping[str, Stamp | None] | None = None,
         max_pending_bytes: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
         prefetch: Prefetcher | None = None,
@@ -161,7 +167,7 @@ class TensorCache:
         self.max_pending_bytes = max_pending_bytes
         self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
-        self.recorded = recorded  # warm: the files the marker vouches for (None: any)
+        self.recorded = recorded  # warm: {file: stamp the gate verified} of the marker (None: any)
         self.prefetch = prefetch  # warm: reads each file ahead as it is mapped, in the loader's order
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if rebuild else None
 
@@ -169,9 +175,9 @@ class TensorCache:
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
-            if self.recorded is not None and relative not in self.recorded:
-                raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
             path = os.path.join(self._root, relative)
+            if self.recorded is not None:
+                self._check_unchanged(path, relative, name)
             if self.prefetch is not None:
                 self.prefetch.add([path])
             result = self._load(path, name, tensor, fmt)
@@ -196,6 +202,18 @@ class TensorCache:
         if self.mesh_device is not None:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
+
+    def _check_unchanged(self, path: str, relative: str, name: str) -> None:
+        """The file is one the marker vouches for, in the state the gate verified: ttnn may crash
+        the process on a forged file, so a file replaced since the gate is never opened."""
+        if relative not in self.recorded:
+            raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            raise WeightCacheError(f"cached {path} of {name} vanished after the gate ({error.strerror})") from None
+        if self.recorded[relative] is not None and stat_stamp(info) != self.recorded[relative]:
+            raise WeightCacheError(f"cached {path} of {name} changed after the gate verified it")
 
     def _load(self, path: str, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
         """Load a cached file and check it is the tensor asked for. Any failure (a torn or forged
