@@ -22,14 +22,19 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from models.common.fileio import atomic_write_bytes, sha256_bytes, sha256_file, write_all
+from models.common.fileio import (
+    atomic_write_bytes,
+    sha256_bytes,
+    sha256_file,
+    write_all,
+)
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -389,11 +394,14 @@ class CheckpointReader:
         self._read.append(key)
         return self._open[file].tensor(name, populate=True)
 
-    def release_read(self) -> None:
-        """Release the pages of every tensor read since the last call (see :meth:`SafetensorsFile.release`)."""
+    def release_read(self, keep: Iterable[str] = ()) -> None:
+        """Release the pages of every tensor read since the last call but those in ``keep``
+        (see :meth:`SafetensorsFile.release`)."""
+        keep = set(keep)
         for key in self._read:
-            file, name = self._location[key]
-            self._open[file].release(name)
+            if key not in keep:
+                file, name = self._location[key]
+                self._open[file].release(name)
         self._read.clear()
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -53,17 +53,26 @@ from models.common.checkpoint import (
     read_config,
     resolve_checkpoint_dir,
 )
-from models.common.generations import build_lock, new_generation, reader_lease, retire_generations
-from models.common.marker import build_relative, read_marker, touch_last_used, user_stamp_dir
+from models.common.generations import (
+    build_lock,
+    new_generation,
+    reader_lease,
+    retire_generations,
+)
+from models.common.marker import (
+    build_relative,
+    read_marker,
+    touch_last_used,
+    user_stamp_dir,
+)
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
-from models.common.tensor_cache import PRECISIONS, TensorCache, TensorFormat
+from models.common.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
 from models.common.weight_cache import (
     DEFAULT_FORCE_ENV,
     CacheStatus,
     WeightCacheError,
-    WeightCacheMarker,
     build_cached_state_dict,
     mark_weight_cache_complete,
     placeholder,
@@ -72,6 +81,7 @@ from models.common.weight_cache import (
 )
 
 CACHE_ROOT_ENV = "TT_CACHE_PATH"
+STREAM_PENDING_BYTES = 256 << 20  # a streaming seed's converted weights waiting for the writer, at most
 CHECKPOINT_STAMPS_DIR = ".checkpoint-stamps"
 WARM_LOAD_ATTEMPTS = 3  # a generation retired between gate and lease: read the newer marker
 
@@ -99,9 +109,9 @@ class LazyStateDict(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self._reader
 
-    def release_read(self) -> None:
-        """Drop the pages of the tensors read so far (a streaming seed, after each weight)."""
-        self._reader.release_read()
+    def release_read(self, keep: Iterable[str] = ()) -> None:
+        """Drop the pages of the tensors read so far but ``keep`` (a streaming seed, after each weight)."""
+        self._reader.release_read(keep)
 
     def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Shapes and dtypes of every tensor (as placeholders), with the host weights already
@@ -337,7 +347,7 @@ class WeightLoader(ABC):
                 if not leased:
                     continue
                 try:
-                    return self._load_warm(args, status.marker, start), "complete"
+                    return self._load_warm(args, status, start), "complete"
                 except WeightCacheError as error:
                     if not self.has_checkpoint_weights:
                         raise
@@ -345,9 +355,10 @@ class WeightLoader(ABC):
                     return None, str(error)
         return None, reason
 
-    def _load_warm(self, args: ModelArgs, marker: WeightCacheMarker, start: float) -> LoadedModel:
+    def _load_warm(self, args: ModelArgs, status: CacheStatus, start: float) -> LoadedModel:
+        marker = status.marker
         state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
-        recorded = frozenset(build_relative(record.path, marker.generation) for record in marker.files)
+        recorded = {build_relative(path, marker.generation): stamp for path, stamp in status.verified_stamps().items()}
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
         prefetcher = Prefetcher(self.prefetch) if self.prefetch else None
         cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded,
@@ -392,8 +403,9 @@ class WeightLoader(ABC):
 
     def _build(self, args: ModelArgs, reason: str, start: float, locked: bool, *, stream: bool = False,
                on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
-        """``stream`` (a seed): keep no converted weight, at most one write queued, checkpoint
-        pages released after each weight; ``on_written(name, bytes)`` as each file is written."""
+        """``stream`` (a seed): keep no converted weight, at most :data:`STREAM_PENDING_BYTES` of
+        writes queued, checkpoint pages released after each weight (host weights excepted: the
+        sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written."""
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
         generation = None
@@ -402,15 +414,16 @@ class WeightLoader(ABC):
                 generation = new_generation(self.cache_dir)
         root = self.cache_dir / generation if generation else self.cache_dir
         cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
-                            max_pending=1 if stream else None, on_written=on_written)
+                            max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written)
         if generation is None:
             cache.write_errors.append(f"{self.cache_dir} is not writable")
         sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream,
-                          after_put=(lambda _: state.release_read()) if stream else None)
+                          after_put=(lambda _: state.release_read(keep=sink.host)) if stream else None)
         if sink.host and generation:
             cache.submit_file(write_host_sidecar, root, sink.host, self.build_variant)
         try:
-            self.convert(sink, args)
+            with conversion_threads():
+                self.convert(sink, args)
         except BaseException:
             cache.abort()
             raise
@@ -424,7 +437,8 @@ class WeightLoader(ABC):
         reader.close()
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
-        timings = {"from_torch": cache.convert_seconds, "convert": convert_seconds, "finish": seconds - convert_seconds}
+        timings = {"from_torch": cache.convert_seconds, "convert": convert_seconds, "finish": seconds - convert_seconds,
+                   "writer_wait": cache.wait_seconds}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings, cached=not cache.write_errors)
 

@@ -84,10 +84,7 @@ _MESH_SHAPE = re.compile(r"\((\d+)(?:, (\d+))*,?\)")
 # torch dtype names a manifest may hold (strings here; weight_cache maps them to torch dtypes)
 TORCH_DTYPE_NAMES = frozenset(
     f"torch.{name}"
-    for name in (
-        "bfloat16 float16 float32 float64 int8 int16 int32 int64 uint8 bool "
-        "float8_e4m3fn float8_e5m2 complex64 complex128 uint16 uint32 uint64"
-    ).split()
+    for name in ["bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2", "complex64", "complex128", "uint16", "uint32", "uint64"]
 )
 
 
@@ -580,6 +577,15 @@ class CacheStatus:
     warm: bool
     reason: str
     marker: WeightCacheMarker | None = None
+    # stamps of files verified by re-hashing or from the stamp index (others match the marker's)
+    restamped: Mapping[str, Stamp] = field(default_factory=dict)
+
+    def verified_stamps(self) -> dict[str, Stamp | None]:
+        """Every recorded file's stamp as the gate verified it: a loader re-checks it right
+        before opening the file, so a file replaced after the gate is never mapped."""
+        if self.marker is None:
+            return {}
+        return {r.path: self.restamped.get(r.path, r.stamp) for r in self.marker.all_files()}
 
     def __bool__(self) -> bool:
         return self.warm
@@ -614,38 +620,40 @@ def _rehash_problem(root: str, record: FileRecord) -> str | None:
 
 def check_files(
     cache_path: str | os.PathLike, marker: WeightCacheMarker, build_variant: Mapping[str, Any] | None
-) -> str | None:
-    """The first problem with the marker's files, or None. Stat-fast, hash-sure (module doc)."""
+) -> tuple[str | None, dict[str, Stamp]]:
+    """(the first problem with the marker's files or None, stamps verified beyond the marker's).
+    Stat-fast, hash-sure (module doc)."""
     root = os.fspath(cache_path)
     try:
         dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as error:
-        return f"cannot open cache dir {root}: {error.strerror}"
+        return f"cannot open cache dir {root}: {error.strerror}", {}
     suspects: list[tuple[FileRecord, os.stat_result]] = []
     try:
         for record in marker.all_files():
             info, problem = _stat(root, record, dir_fd)
             if problem:
-                return problem
+                return problem, {}
             if (info.st_ino, info.st_mtime_ns, info.st_ctime_ns) != record.stamp:
                 suspects.append((record, info))
     finally:
         os.close(dir_fd)
     if not suspects:
-        return None
+        return None, {}
     known = read_stamp_index(cache_path, build_variant)
-    verified: dict[str, Stamp] = {}
+    restamped: dict[str, Stamp] = {}
+    rehashed = False
     for record, info in suspects:
         stamp = stat_stamp(info)
-        if known.get(record.path) == stamp:
-            continue
-        problem = _rehash_problem(root, record)
-        if problem:
-            return problem
-        verified[record.path] = stamp
-    if verified:
-        write_stamp_index(cache_path, build_variant, {**known, **verified})
-    return None
+        if known.get(record.path) != stamp:
+            problem = _rehash_problem(root, record)
+            if problem:
+                return problem, {}
+            rehashed = True
+        restamped[record.path] = stamp
+    if rehashed:
+        write_stamp_index(cache_path, build_variant, {**known, **restamped})
+    return None, restamped
 
 
 def weight_cache_status(
@@ -690,10 +698,10 @@ def weight_cache_status(
     for passed, reason in checks:
         if not passed:
             return _cold(reason)
-    problem = check_files(cache_path, marker, build_variant)
+    problem, restamped = check_files(cache_path, marker, build_variant)
     if problem:
         return _cold(f"{'host sidecar' if _is_sidecar(marker, problem) else 'tensorbin'} {problem}")
-    return CacheStatus(True, "complete", marker)
+    return CacheStatus(True, "complete", marker, restamped)
 
 
 def _is_sidecar(marker: WeightCacheMarker, problem: str) -> bool:

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import (
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +326,14 @@ def fp32_elementwise(weight: torch.Tensor, transform: Callable[[torch.Tensor], t
     return transform(weight.float())
 
 
+class MissingWeightError(WeightCacheError, KeyError):
+    """A warm build asked for a weight the marker's manifest lacks: the cache is not this model's
+    (a ``KeyError`` too, so ``Mapping.get`` and ``in`` keep their meaning)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class CachedStateDict(MutableMapping):
     """The ``state_dict`` of a warm build: real host weights plus storage-free placeholders.
 
@@ -344,7 +359,10 @@ class CachedStateDict(MutableMapping):
         for source in (self._overrides, self._host):
             if key in source:
                 return source[key]
-        shape, dtype = self._manifest[key]
+        try:
+            shape, dtype = self._manifest[key]
+        except KeyError:
+            raise MissingWeightError(f"the cache's manifest has no weight {key!r}") from None
         return placeholder(shape, dtype)
 
     def __setitem__(self, key: str, value: Any) -> None:

@@ -37,7 +37,7 @@ from loguru import logger
 from models.common.checkpoint import CheckpointError, CheckpointReader
 from models.common.fileio import content_digest_file
 from models.common.generations import build_lock, new_generation, retire_generations
-from models.common.loader import LazyStateDict, WeightLoader
+from models.common.loader import STREAM_PENDING_BYTES, LazyStateDict, WeightLoader
 from models.common.tensor_cache import tensorbin_name
 from models.common.weight_cache import WeightCacheError, write_host_sidecar
 from models.seeding.stream import SeedResult
@@ -83,7 +83,7 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     from models.common.device_env import ensure_host_cluster
 
     ensure_host_cluster()
-    from models.common.tensor_cache import TensorCache
+    from models.common.tensor_cache import TensorCache, conversion_threads
     from models.seeding.weights import PartSink, PartState
 
     loader = spec.make()
@@ -92,10 +92,11 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
     lazy = LazyStateDict(reader)
     state = PartState(lazy, {key: reader.spec(key) for key in reader.keys()})
-    cache = TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending=1)
+    cache = TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES)
     sink = PartSink(cache, state, plan, set(names), after_put=lambda _: lazy.release_read())
     try:
-        loader.convert(sink, args)
+        with conversion_threads():
+            loader.convert(sink, args)
     except BaseException:
         cache.abort()
         raise

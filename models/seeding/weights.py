@@ -23,12 +23,8 @@ import ttnn
 from models.common.checkpoint import CheckpointError
 from models.common.loader import WeightLoader, WeightSink
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import TensorFormat
+from models.common.tensor_cache import TensorFormat, stored_bytes
 from models.common.weight_cache import placeholder
-
-# bytes per element of each ttnn dtype as stored (block floats: 16 mantissas share an exponent byte)
-_STORED_BYTES = {"BFLOAT8_B": 1 + 1 / 16, "BFLOAT4_B": 0.5 + 1 / 16, "BFLOAT16": 2, "FLOAT32": 4}
-
 
 @dataclass(frozen=True)
 class PlannedWeight:
@@ -48,7 +44,7 @@ class PlannedWeight:
             shape[-1] = -(-shape[-1] // 32) * 32
             if len(shape) > 1:
                 shape[-2] = -(-shape[-2] // 32) * 32
-        return int(math.prod(shape) * _STORED_BYTES.get(self.fmt.dtype.name, 2))
+        return stored_bytes(self.fmt, math.prod(shape))
 
 
 class _Recording(Mapping):

@@ -671,3 +671,8 @@ def test_placeholder_safe_transforms_give_shapes_on_placeholders_and_values_on_r
     assert torch.equal(fp32_elementwise(real[0], lambda w: w + 1.0), real[0].float() + 1.0)
     shifted = fp32_elementwise(fake[0], lambda w: w + 1.0)
     assert shifted.is_meta and shifted.dtype == torch.float32 and tuple(shifted.shape) == (4, 3)
+
+
+def test_the_default_variants_sidecar_has_the_upstream_name(tmp_path) -> None:
+    assert wc.host_sidecar_path(tmp_path).name == wc.HOST_WEIGHTS_SIDECAR == ".host_weights.safetensors"
+    assert wc.host_sidecar_path(tmp_path, {"precision": "bfloat16"}).name != wc.HOST_WEIGHTS_SIDECAR

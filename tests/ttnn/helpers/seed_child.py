@@ -55,7 +55,8 @@ def main() -> None:
         from models.seeding.ray_seed import seed_on_ray
 
         [result] = seed_on_ray([loader], workers=int(mode[4:]))
-        report |= {"complete": result.complete, "warm_before": result.warm, "bytes_written": result.bytes_written}
+        report |= {"complete": result.complete, "warm_before": result.warm, "bytes_written": result.bytes_written,
+                   "timings": result.timings}
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     report |= {"seconds": time.perf_counter() - start, "import_peak": baseline, "peak": peak_rss_bytes(),
