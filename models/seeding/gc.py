@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import file_lock
-from models.common.generations import retire_generations
 from models.common.marker import BUILD_LOCK, WeightCacheMarker, forget_markers, iter_markers, last_used_path
 from models.seeding.scan import VariantInfo, marker_stamp, scan_root
 
@@ -127,6 +126,8 @@ def evict(variant: VariantInfo) -> str | None:
 
     Its generation dir goes through :func:`retire_generations` (the builders' own rule): a
     reader holding the generation's lease keeps it until the next gc or build."""
+    from models.common.generations import retire_generations  # loguru: only when deleting
+
     cache_dir, marker_file, marker = variant.cache_dir, variant.marker_file, variant.marker
     with file_lock(cache_dir / BUILD_LOCK, blocking=False) as held:
         if not held:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from models.common.fileio import writing_into
 from tests.ttnn.helpers.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 from tests.ttnn.tiny_models import make_checkpoint
 
@@ -80,6 +81,20 @@ def test_verify_names_a_flipped_byte_and_check_names_a_truncation(seeded, tmp_pa
     os.truncate(victim, 10)
     check = tt_cache("check", str(copy), env=env)
     assert check.returncode == 1 and "is 10 bytes, marker says" in check.stdout and victim.name in check.stdout
+
+
+def test_clean_removes_only_temp_files_no_live_writer_holds(seeded):
+    env, cache_dir, _ = seeded
+    debris = cache_dir / ".w.tensorbin.tmp.999999999.1.aaaaaaaa.tensorbin"
+    user_file = cache_dir / ".env.tmp.2024"
+    debris.write_bytes(b"x")
+    user_file.write_bytes(b"mine")
+    with writing_into(cache_dir):  # a live writer in this dir (its pid is irrelevant)
+        out = tt_cache("clean", str(cache_dir), env=env)
+        assert out.returncode == 0 and debris.exists()
+    out = tt_cache("clean", str(cache_dir), env=env)
+    assert out.returncode == 0 and not debris.exists() and user_file.read_bytes() == b"mine"
+    assert tt_cache("check", str(cache_dir), env=env).returncode == 0
 
 
 def test_check_of_a_dir_without_caches_is_cold(seeded, tmp_path):
