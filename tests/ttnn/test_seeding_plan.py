@@ -121,7 +121,7 @@ def test_stall_timeout_aborts_a_hung_seed_naming_the_last_weight(ci, tmp_path):
     ]}))
     env = {**cli_env(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     seed = subprocess.Popen([sys.executable, "-m", "models.common.cli", "seed", "--plan", str(plan), "--json",
-                             "--stall-timeout", "4", "--progress-every", "0.05", "--report", str(tmp_path / "r.json")],
+                             "--stall-timeout", "15", "--progress-every", "0.05", "--report", str(tmp_path / "r.json")],
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped, seen = None, []
     for line in seed.stderr:
