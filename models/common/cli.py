@@ -14,7 +14,8 @@ neither torch nor ttnn.
 
 Exit status:
     0  success: everything asked for is warm / intact / done
-    1  a check failed: a cold or corrupt cache, a failed seed, a build that cached nothing
+    1  a check failed: a cold or corrupt cache, a failed or stalled seed, a build that cached
+       nothing, a variant gc could not evict or a temp file clean could not remove
     2  bad usage or bad input: unknown option, missing dir, unreadable plan or config.json
     3  internal error (a bug: TT_CACHE_DEBUG=1 shows the traceback)
 """
@@ -159,10 +160,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     lines = [f"{verb} {e.model} {e.precision} mesh {e.mesh} ({format_size(e.size_bytes)}, {e.why}): {e.marker_file}"
              for e in result.evicted]
     lines += [f"skipped {path}: {why}" for path, why in result.skipped]
+    lines += [f"cannot evict {path}: {error}" for path, error in result.errors]
     lines.append(f"{verb} {len(result.evicted)} variant(s), {format_size(result.freed_bytes)}; "
                  f"{format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
     emit(args, {**result.as_json(), "dry_run": args.dry_run}, lines)
-    return EXIT_FAILED if result.skipped and not args.dry_run else EXIT_OK
+    return EXIT_FAILED if result.errors else EXIT_OK
 
 
 # --------------------------------------------------------------------------------------------

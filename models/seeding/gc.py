@@ -44,7 +44,8 @@ class Eviction:
 @dataclass
 class GcResult:
     evicted: list[Eviction] = field(default_factory=list)
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # left alone on purpose
+    errors: list[tuple[Path, str]] = field(default_factory=list)  # could not be evicted (exit 1)
     kept: int = 0
     kept_bytes: int = 0
 
@@ -55,6 +56,7 @@ class GcResult:
     def as_json(self) -> dict[str, Any]:
         return {"evicted": [e.as_json() for e in self.evicted], "freed_bytes": self.freed_bytes,
                 "skipped": [{"marker": str(p), "why": w} for p, w in self.skipped],
+                "errors": [{"marker": str(p), "error": e} for p, e in self.errors],
                 "kept": self.kept, "kept_bytes": self.kept_bytes}
 
 
@@ -156,7 +158,8 @@ def collect_garbage(plan: GcResult) -> GcResult:
         try:
             why = evict(eviction.variant)
         except OSError as error:
-            why = f"cannot evict: {error.strerror or error} ({error.filename})"
+            done.errors.append((eviction.marker_file, f"{error.strerror or error} ({error.filename})"))
+            continue
         if why is None:
             done.evicted.append(eviction)
         else:

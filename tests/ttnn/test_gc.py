@@ -115,3 +115,14 @@ def test_gc_needs_a_limit_and_parses_it(tmp_path):
                           (["gc", str(tmp_path / "root"), "--older-than", "1 fortnight"], "duration '1 fortnight'")):
         out = tt_cache(*args, env=cli_env())
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gc_of_a_read_only_cache_reports_each_variant_and_deletes_nothing(three_variants, readonly_view):
+    view = readonly_view(three_variants["root"])
+    before = _files(three_variants["root"])
+    gc = tt_cache("gc", str(view), "--max-size", "0", "--json", env=cli_env())
+    assert gc.returncode == 1 and "Traceback" not in gc.stderr
+    result = json_out(gc)
+    assert result["evicted"] == [] and len(result["errors"]) == 3
+    assert all("Read-only file system" in error["error"] for error in result["errors"])
+    assert _files(three_variants["root"]) == before
