@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -172,6 +173,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from models.seeding.plan import Combination
     from models.seeding.runner import SeedInputError, build_one
@@ -197,6 +202,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
     except PlanError as error:
         raise CliError(str(error)) from None
     from models.seeding.runner import SeedInputError, SeedOptions, run_plan
+
+    signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job: end the running seed's worker too
 
     if args.workers < 1:
         raise CliError(f"--workers {args.workers}: must be at least 1")

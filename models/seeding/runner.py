@@ -130,6 +130,13 @@ def _worker_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # gone already
+
+
 def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> tuple[str | None, str]:
     """Seed one combination in a worker process: (None, "") when it finished without error, else
     (:data:`STALLED` or :data:`FAILED`, why)."""
@@ -142,25 +149,28 @@ def run_worker(combination: Combination, options: SeedOptions, tracker: Progress
     finally:
         os.close(write_end)
     decoder, result, stalled = EventDecoder(), None, None
-    with selectors.DefaultSelector() as selector, os.fdopen(read_end, "rb", buffering=0) as pipe:
-        selector.register(pipe, selectors.EVENT_READ)
-        while True:
-            eof = False
-            for _ in selector.select(timeout=0.5):
-                data = pipe.read(1 << 16)
-                eof = not data
-                for event in decoder.feed(data or b""):
-                    if event.get("event") == "result":
-                        result = event
-                    else:
-                        tracker.handle(event)
-            tracker.tick()
-            if eof:
-                break
-            stalled = watchdog.check(tracker.snapshot())
-            if stalled:
-                os.killpg(worker.pid, signal.SIGKILL)
-                break
+    try:
+        with selectors.DefaultSelector() as selector, os.fdopen(read_end, "rb", buffering=0) as pipe:
+            selector.register(pipe, selectors.EVENT_READ)
+            while True:
+                eof = False
+                for _ in selector.select(timeout=0.5):
+                    data = pipe.read(1 << 16)
+                    eof = not data
+                    for event in decoder.feed(data or b""):
+                        if event.get("event") == "result":
+                            result = event
+                        else:
+                            tracker.handle(event)
+                tracker.tick()
+                if eof:
+                    break
+                stalled = watchdog.check(tracker.snapshot())
+                if stalled:
+                    break
+    finally:  # a stall, or this process interrupted (CI cancelled the job): the seed never outlives it
+        if stalled or worker.poll() is None:
+            _kill_group(worker.pid)
     code = worker.wait()
     tracker.close()
     if stalled:
