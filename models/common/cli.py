@@ -74,27 +74,33 @@ def emit(args: argparse.Namespace, payload: dict[str, Any], lines: Iterable[str]
 # --------------------------------------------------------------------------------------------
 
 
+LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "LAST USED", "PATH")
+
+
+def table(rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Left-aligned columns two spaces apart (``hf cache scan`` style)."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from models.seeding.humanize import format_age, format_size
     from models.seeding.scan import scan_root
 
     start = time.perf_counter()
     root = existing_dir(args.root) if args.root else default_cache_root()
-    variants = list(scan_root(root)) if root.is_dir() else []
-    rows = [v.as_json() for v in variants]
-    total = sum(v.size_bytes for v in variants)
-    header = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "LAST USED", "PATH")
-    table = [header] + [
+    rows = [variant.as_json() for variant in (scan_root(root) if root.is_dir() else [])]
+    total = sum(row["size_bytes"] for row in rows)
+    lines = table([LS_COLUMNS] + [
         (r["model"], r["family"], r["precision"], r["mesh"], ",".join(r["components"]) or "?",
          format_size(r["size_bytes"]), r["state"], format_age(r["last_used"]), r["cache_dir"])
         for r in rows
-    ]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table]
+    ])
     lines += [f"  {r['marker']}: {r['reason']}" for r in rows if r["state"] != "warm"]
     lines.append(f"\nDone in {time.perf_counter() - start:.2f}s. Scanned {len(rows)} variant(s) in "
                  f"{len({r['cache_dir'] for r in rows})} cache dir(s) under {root}, {format_size(total)} in total.")
-    emit(args, {"root": str(root), "size_bytes": total, "variants": rows}, lines if rows else [f"no weight caches under {root}"])
+    emit(args, {"root": str(root), "size_bytes": total, "variants": rows},
+         lines if rows else [f"no weight caches under {root}"])
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ Imports torch and ttnn (through the loaders).
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 import models
 from models.common.checkpoint import CONFIG_FILE, CheckpointError, hub_cache_dir, read_config, resolve_checkpoint_dir
 from models.common.loader import WeightLoader
+from models.common.marker import WeightCacheError
 from models.common.mesh import parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import PRECISIONS
@@ -99,6 +101,8 @@ def build_one(combination: Combination, *, cache_root: str | None = None,
         loaded = loader.load()
     except CheckpointError as error:
         raise SeedInputError(str(error)) from None
+    except WeightCacheError as error:  # cache-only, and the cache is unusable: a failed check, not bad input
+        return CaseResult(combination, FAILED, str(error), time.perf_counter() - start, str(loader.cache_dir))
     seconds = time.perf_counter() - start
     done = f"{len(loaded.weights)} tensors in {loaded.seconds:.3f} s"
     if loaded.warm:
@@ -117,8 +121,6 @@ def build_one(combination: Combination, *, cache_root: str | None = None,
 
 
 def _worker_command(combination: Combination, options: SeedOptions, fd: int) -> list[str]:
-    import json
-
     spec = {"combination": combination.as_json(), "cache_root": options.cache_root,
             "workers": options.workers, "address": options.address}
     return [sys.executable, "-m", "models.seeding.worker", json.dumps(spec), str(fd)]
@@ -131,6 +133,7 @@ def _worker_env() -> dict[str, str]:
 
 
 def _kill_group(pid: int) -> None:
+    """SIGKILL a worker's whole session (a Ray instance it started goes with it)."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
