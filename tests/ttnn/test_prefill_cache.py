@@ -242,7 +242,7 @@ def test_store_resumes_from_a_durable_frontier_and_sweeps_debris(tmp_path, monke
     for partial, payload in zip(sidecar.paths.partials, staged.payloads):
         partial.write_bytes(payload)
     atomic_write_bytes(sidecar.paths.progress, json.dumps(sidecar._progress_payload(staged)).encode())
-    debris = sidecar.paths.root / ".manifest.json.tmp.123.abc"
+    debris = sidecar.paths.root / ".manifest.json.tmp.123.abc.deadbeef"
     debris.write_bytes(b"{")
     inodes = [p.stat().st_ino for p in sidecar.paths.partials]
     assert sidecar.progress_boundary()["completedRows"] == 1
