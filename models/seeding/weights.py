@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plan of a build, and conversion of one part of it.
 
-A family's ``convert`` is a sequence of ``sink.put(name, tensor, fmt)`` calls, each preceded by
-reads of the checkpoint tensors it is made from. Running it once on storage-free placeholders
-(as a warm build does) gives the plan: every weight in build order, its format, and the
-checkpoint keys read for it. A worker then runs the same ``convert`` again with a state that
-hands out real tensors only while the next weight is one of its own (placeholders otherwise,
-which cost nothing), so each process reads and converts only its share of the model, and the
-files it writes are the ones a single-process build writes.
+A family's ``convert`` reads checkpoint tensors and ``sink.put(name, tensor, fmt)``s weights made
+from them. Running it once on storage-free placeholders (as a warm build does) gives the plan:
+every weight in build order, its format, and its *unit*: the reads since the previous put and
+every put until the next read (``gate_up_weights`` reads w1 and w3, then puts both: one unit).
+A worker runs the same ``convert`` again with a state that hands out real tensors only inside
+the units holding one of its own weights (placeholders otherwise, which cost nothing), so each
+process reads and converts only its share, and writes the files a single-process build writes.
+A family whose tensors flow past their unit fails loudly (a placeholder handed to a cold put
+raises), never silently.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PlannedWeight:
     shape: tuple[int, ...]
     inputs: tuple[str, ...]
     input_bytes: int
+    unit: int
 
     @property
     def estimated_bytes(self) -> int:
@@ -77,6 +80,7 @@ class _PlanSink(WeightSink):
         state.read.clear()  # the host weights are the driver's, not any weight's input
         self._specs = specs
         self.plan: list[PlannedWeight] = []
+        self._unit = 0
 
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
         if name in self.formats:
@@ -84,8 +88,10 @@ class _PlanSink(WeightSink):
         self.formats[name] = fmt
         inputs = tuple(self.state.read)
         self.state.read.clear()
+        if inputs and self.plan:
+            self._unit += 1  # reads since the last put start a new unit
         nbytes = sum(math.prod(self._specs[k][0]) * self._specs[k][1].itemsize for k in inputs)
-        self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes))
+        self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes, self._unit))
 
 
 def checkpoint_specs(loader: WeightLoader) -> dict[str, tuple[list[int], torch.dtype]]:
@@ -109,22 +115,25 @@ def plan_weights(loader: WeightLoader, args: ModelArgs) -> list[PlannedWeight]:
 
 
 def partition(plan: Sequence[PlannedWeight], parts: int) -> list[list[str]]:
-    """Split the plan into at most ``parts`` groups of about equal checkpoint bytes (greedy, largest
-    first), each group in build order; a group is one task."""
-    parts = max(1, min(parts, len(plan)))
+    """Split the plan into at most ``parts`` groups of whole units of about equal checkpoint bytes
+    (greedy, largest first), each group in build order; a group is one task."""
+    units: dict[int, list[PlannedWeight]] = {}
+    for weight in plan:
+        units.setdefault(weight.unit, []).append(weight)
+    parts = max(1, min(parts, len(units)))
     loads = [0] * parts
     groups: list[list[str]] = [[] for _ in range(parts)]
     order = {w.name: i for i, w in enumerate(plan)}
-    for weight in sorted(plan, key=lambda w: -max(w.input_bytes, 1)):
+    for members in sorted(units.values(), key=lambda ws: -max(sum(w.input_bytes for w in ws), 1)):
         target = loads.index(min(loads))
-        loads[target] += max(weight.input_bytes, 1)
-        groups[target].append(weight.name)
+        loads[target] += max(sum(w.input_bytes for w in members), 1)
+        groups[target] += [w.name for w in members]
     return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
 class PartState(Mapping):
-    """The checkpoint as a worker of a partitioned build sees it: real tensors while the next
-    weight to be put is one of its own, placeholders otherwise."""
+    """The checkpoint as a worker of a partitioned build sees it: real tensors inside the units
+    holding one of its own weights, placeholders otherwise."""
 
     def __init__(self, lazy: Any, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
         self._lazy = lazy
@@ -155,14 +164,15 @@ class PartSink(WeightSink):
                  after_put: Any = None) -> None:
         super().__init__(cache, state, [], keep=False, after_put=after_put)
         self._order = [w.name for w in plan]
+        self._units = [w.unit for w in plan]
         self._mine = mine
+        self._real_units = {w.unit for w in plan if w.name in mine}
         self._next = 0
         self.done: list[str] = []
         self._arm()
 
     def _arm(self) -> None:
-        upcoming = self._order[self._next] if self._next < len(self._order) else None
-        self.state.real = upcoming in self._mine
+        self.state.real = self._next < len(self._order) and self._units[self._next] in self._real_units
 
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
         expected = self._order[self._next] if self._next < len(self._order) else None

@@ -154,3 +154,27 @@ def test_streaming_seed_memory_is_flat_in_model_size_and_fits_a_limit_the_cold_b
     rc, report, err = run_seed_child("load", llama_shaped[1.6], tmp_path / "today", limit=MEMORY_LIMIT)
     assert rc != 0 and report is None, "the keep-everything cold build fit the limit: the test proves nothing"
     assert rc == -9, f"expected the cgroup's OOM kill (SIGKILL), got exit status {rc}:\n{err}"
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_moe"])
+def test_partitioned_conversion_writes_the_files_of_a_single_process_seed(family, tiny, tmp_path):
+    """What every Ray task runs (``convert_part``), here in-process: the parts together write every
+    tensorbin of the build with the single-process seed's digests, and no file twice."""
+    from models.common.marker import build_relative
+    from models.seeding.ray_seed import LoaderSpec, convert_part
+    from models.seeding.weights import partition, plan_weights
+
+    cls = loader_class(family)
+    single = cls(tiny[family], cache_root=tmp_path / "one", mesh_shape=(1, 2))
+    assert single.seed().complete
+    marker = read_marker(single.cache_dir, single.build_variant)
+    expected = {build_relative(r.path, marker.generation): r.digest for r in marker.files}
+    plan = plan_weights(single, single.make_args(single.model_config(), None))
+    groups = partition(plan, 5)
+    assert len(groups) == 5 and sorted(n for g in groups for n in g) == sorted(w.name for w in plan)
+    written: dict[str, str] = {}
+    for names in groups:
+        part = convert_part(LoaderSpec.of(single), names, str(tmp_path / "parts"))
+        assert not set(part["digests"]) & set(written), "a file written by two parts"
+        written |= part["digests"]
+    assert written == expected
