@@ -538,3 +538,14 @@ def test_layout_module_imports_without_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_hit_may_be_copied_into_the_consumers_own_tensors():
+    cache = BaseForwardCache(capacity=2)
+    cache.store("k", _forward_entry(4))
+    hit = cache.lookup("k")
+    mine = torch.zeros(2, 4, 16)
+    mine[1] = hit.logits[0]  # __setitem__ on a plain tensor, a read-only value
+    mine[0].copy_(hit.logits[0])
+    torch.add(hit.logits[0], 1, out=mine[0])
+    assert torch.equal(mine[1], _forward_entry(4).logits[0])

@@ -68,12 +68,16 @@ def _inplace_position(func) -> int | None:
 
 
 def _mutation(func, args: tuple, kwargs: dict) -> str | None:
-    """Why ``func(*args, **kwargs)`` would write into a read-only argument, or None."""
+    """Why ``func(*args, **kwargs)`` would write into a read-only tensor, or None. In-place
+    operations write into their first argument (``t.div_(x)``, ``t[i] = x``, ``F.relu(t, True)``),
+    ``out=`` into its tensors; reading a read-only tensor into another one is fine."""
     name = getattr(func, "__name__", "")
-    if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__") and name not in _HARMLESS_UNDERSCORED):
-        return name
     if any(isinstance(t, ReadOnlyTensor) for t in tree_flatten(kwargs.get("out"))[0]):
         return f"{name}(out=...)"
+    if not args or not isinstance(args[0], ReadOnlyTensor):
+        return None
+    if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__") and name not in _HARMLESS_UNDERSCORED):
+        return name
     position = _inplace_position(func)
     if kwargs.get("inplace") is True or (position is not None and len(args) > position and args[position] is True):
         return f"{name}(inplace=True)"
