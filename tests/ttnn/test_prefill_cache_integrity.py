@@ -549,3 +549,13 @@ def test_a_hit_may_be_copied_into_the_consumers_own_tensors():
     mine[0].copy_(hit.logits[0])
     torch.add(hit.logits[0], 1, out=mine[0])
     assert torch.equal(mine[1], _forward_entry(4).logits[0])
+
+
+def test_a_store_that_finds_its_object_removes_dead_writers_leftovers(tmp_path):
+    sidecar, features = row(tmp_path, 1)
+    sidecar.store_boundary(features)
+    leftovers = [*sidecar.paths.partials[:2], sidecar.paths.root / ".manifest.json.tmp.1.2.abcd"]
+    for path in leftovers:
+        path.write_bytes(b"left by a killed writer")
+    assert same_bytes(sidecar.store_boundary(features), features)
+    assert not any(path.exists() for path in leftovers)

@@ -488,10 +488,14 @@ class FrozenBackboneFeatureSidecar:
         return _StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
 
     def _existing_or_retract(self) -> FrozenBackbonePrefillPacket | None:
-        """Under the writer lock: the valid object if there is one; otherwise make sure no
-        manifest claims one (a corrupt object is retracted, so a crash mid-rebuild is a miss)."""
+        """Under the writer lock: the valid object if there is one (its dead writers' leftovers
+        removed); otherwise make sure no manifest claims one (a corrupt object is retracted, so a
+        crash mid-rebuild is a miss)."""
         try:
-            return self._lookup(self.paths)
+            existing = self._lookup(self.paths)
+            if existing is not None:
+                self._remove_leftovers()
+            return existing
         except (FrozenBackboneCacheError, OSError, RuntimeError) as error:
             logger.warning("rebuilding invalid prefill cache object: {}", error)
             self.paths.manifest.unlink(missing_ok=True)
@@ -503,6 +507,14 @@ class FrozenBackboneFeatureSidecar:
         for path in self.paths.root.iterdir():
             if is_temp_path(path):
                 path.unlink(missing_ok=True)
+
+    def _remove_leftovers(self) -> None:
+        """Partials, temp files and progress of writers that died after (or while re-) publishing
+        this object: we hold its lock, so their writers are gone."""
+        for path in (*self.paths.partials, self.paths.progress):
+            if _stamp(path) is not None:
+                path.unlink(missing_ok=True)
+        self._sweep_debris()
 
     def _discard_unpublished(self) -> None:
         """After a failed store (lock held): remove every file it may have written, unless the
