@@ -11,7 +11,6 @@ with other weights, another precision or another checkpoint can never serve a st
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,7 +30,7 @@ HOST_REFERENCE_ADAPTER = "tt-warm-loaders.reference-host.fp32.final-norm.v1"
 class ParentIdentity:
     """What names a frozen parent: its converted weights and the manifest of its build."""
 
-    checkpoint_id: str  # the loader's model name (org and repo, or the folder name)
+    checkpoint_id: str  # the checkpoint's content id (its model id when the marker has none)
     precision: str  # weight precision of the cache the forward reads
     weights_sha256: str  # weight_cache.weights_identity of the marker
     manifest_sha256: str  # SHA-256 of {checkpoint, precision, mesh, variant, config}
@@ -47,8 +46,9 @@ def parent_identity(loader: Any, loaded: Any) -> ParentIdentity:
     from models.common.weight_cache import read_marker, weights_identity
 
     marker = read_marker(loaded.cache_dir, loader.build_variant)
+    checkpoint_id = marker.content_id or marker.model_id  # the same weights under any folder name
     manifest = {
-        "checkpointId": loader.model_name,
+        "checkpointId": checkpoint_id,
         "precision": loader.precision,
         "meshShape": list(loaded.mesh_shape),
         "buildVariant": loader.build_variant,
@@ -57,7 +57,7 @@ def parent_identity(loader: Any, loaded: Any) -> ParentIdentity:
         "config": marker.model_config,
     }
     return ParentIdentity(
-        checkpoint_id=loader.model_name,
+        checkpoint_id=checkpoint_id,
         precision=loader.precision,
         weights_sha256=weights_identity(marker),
         manifest_sha256=json_sha256(json_safe(manifest)),
@@ -69,24 +69,6 @@ def json_safe(value: Any) -> Any:
     import json
 
     return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
-def _decoder(loaded: Any) -> ReferenceDecoder:
-    """The host reference forward, embedding only the prompt's rows of a host-kept embedding.
-
-    ``ReferenceDecoder.embed`` converts the whole host table to fp32 on every call (1.1 s for
-    Gemma's 262144 x 640 here); gathering the rows first gives the same values bit for bit."""
-    decoder = ReferenceDecoder(loaded)
-    table = loaded.host_weights.get("tok_embeddings.weight")
-    if table is not None and "tok_embeddings" not in loaded.weights:
-        scale = math.sqrt(loaded.args.dim) if decoder.gemma else None
-
-        def embed(tokens: torch.Tensor) -> torch.Tensor:
-            rows = table[tokens].float()
-            return rows * scale if scale is not None else rows
-
-        decoder.embed = embed  # type: ignore[method-assign]
-    return decoder
 
 
 @dataclass
@@ -114,7 +96,7 @@ class FrozenParent:
             family = family_of(read_config(checkpoint))
         loader = loader_class(family)(model, mesh_shape=mesh_shape, precision=precision, cache_root=cache_root)
         loaded = loader.load()
-        return cls(loader, loaded, parent_identity(loader, loaded), _decoder(loaded))
+        return cls(loader, loaded, parent_identity(loader, loaded), ReferenceDecoder(loaded))
 
     @property
     def hidden_size(self) -> int:
