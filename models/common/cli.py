@@ -8,6 +8,7 @@
     tt-cache seed --plan PLAN [--check] seed (or only check) every model x mesh x precision of a plan
     tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run)
     tt-cache clean DIR [--invalidate]   remove temp files of dead writers inside cache dirs
+    tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.resynthesis.cli)
 
 Every command takes --json (one JSON document on stdout). ls, check, verify and gc import
 neither torch nor ttnn.
@@ -243,8 +244,19 @@ def _add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argp
     return command
 
 
+def cmd_prefill(args: argparse.Namespace) -> int:
+    from models.resynthesis.cli import main as prefill_main
+
+    return prefill_main(["prefill", *args.rest])
+
+
 def _add_extension_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands that other packages contribute (e.g. ``add_prefill_commands(sub)``) are wired here."""
+    """Commands other packages contribute. ``prefill`` is handed to :mod:`models.resynthesis.cli`
+    whole (its own options, help and exit codes), imported only when used: ``ls`` stays fast."""
+    prefill = sub.add_parser("prefill", add_help=False, help="the frozen-backbone prefill cache: ls, verify, gc "
+                             "(tt-cache prefill --help)")
+    prefill.add_argument("rest", nargs=argparse.REMAINDER)
+    prefill.set_defaults(run=cmd_prefill, json=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,6 +317,9 @@ def _fail(args: argparse.Namespace, code: int, message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["prefill"]:  # all of it, --help included, is the prefill CLI's to parse
+        return cmd_prefill(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command in ("build", "seed"):
         ensure_host_cluster()  # before ttnn is first imported

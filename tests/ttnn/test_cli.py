@@ -119,3 +119,13 @@ def test_every_command_documents_json_and_the_exit_codes(seeded):
         assert "--json" in tt_cache(command, "--help", env=env).stdout, command
     unknown = tt_cache("frobnicate", env=env)
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+
+
+def test_prefill_commands_are_reachable_through_tt_cache(tmp_path):
+    env = cli_env()
+    listing = tt_cache("prefill", "ls", str(tmp_path), "--json", env=env)
+    assert listing.returncode == 0 and json_out(listing)["objects"] == 0
+    missing = tt_cache("prefill", "verify", str(tmp_path / "nowhere"), env=env)
+    assert missing.returncode == 2 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
+    helped = tt_cache("prefill", "--help", env=env)
+    assert helped.returncode == 0 and "prefill ls ROOT" in helped.stdout
