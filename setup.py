@@ -9,7 +9,10 @@ setup(
     packages=find_packages(include=["models", "models.*"]),
     package_data={"models.common": ["mock_clusters/*.yaml"]},
     install_requires=["ttnn", "torch", "safetensors", "loguru", "blake3", "numpy"],
-    extras_require={"vllm": ["vllm==0.33.0"]},
+    extras_require={
+        "ray": ["ray>=2.40"],  # distributed seeding (models.seeding.ray_seed)
+        "vllm": ["vllm==0.33.0"],  # scripts/setup_vllm_env.sh builds its own environment
+    },
     entry_points={
         "console_scripts": ["tt-cache=models.common.cli:main"],
         # Inert without vllm: models.vllm_plugin imports vllm only when vllm is installed.
