@@ -99,21 +99,26 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
 
     def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         a, p = self.args, f"layers.{layer}.attention."
-        sliding = self._layer_type(layer) == "sliding_attention"
-        inv_freq = self._inv_freq_local if sliding else self._inv_freq_global
-        scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
-        window = self.text_config.get("sliding_window") if sliding else None
-        per_q, group = a.n_heads // self.cols, a.n_heads // a.n_kv_heads
+        sliding = a.layer_type(layer) == "sliding_attention"
         positions, rows = self.batch.positions, x.shape[0]
+        # LongRoPE picks its factors by sequence length: the longest context in the batch, as
+        # transformers picks them by the length of the sequence it runs.
+        inv_freq, rope_scale = self._rotary(sliding, int(positions.max()) + 1)
+        scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
+        window = a.sliding_window if sliding else None
+        per_q, group = a.n_heads // self.cols, a.n_heads // a.n_kv_heads
         out = torch.zeros_like(x)
         for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
             kv_heads = kv_heads_per_column(a.n_kv_heads, self.cols)[c]
             width = len(kv_heads) * a.head_dim
-            q, k, v = (t.reshape(rows, -1, a.head_dim) for t in (x @ wqkv).split([per_q * a.head_dim, width, width], -1))
+            qkv = x @ wqkv
+            if self.w.has(p + "bqkv"):  # this column's heads' bias (Qwen2)
+                qkv = qkv + self.w.columns(p + "bqkv")[c].reshape(-1)
+            q, k, v = (t.reshape(rows, -1, a.head_dim) for t in qkv.split([per_q * a.head_dim, width, width], -1))
             if self.w.has(p + "q_norm"):
                 q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            q, k = (apply_rope(t, positions, inv_freq, rope_scale) for t in (q, k))
             local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
             out += self.attend_column(q, k, v, layer, c, local, window, scale) @ wo
         return out
