@@ -19,3 +19,4 @@ if VLLM_INSTALLED:
     # ``import vllm`` per engine); the start-up tests run the example script with vLLM's default
     # multiprocess engine instead (tests.vllm.engines.run_offline).
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: nothing may wait on one
