@@ -60,7 +60,7 @@ class TTHostCausalLM:
             loaded = loader.load()
         except CheckpointError as error:
             raise CheckpointError(
-                f"cannot start {model}: no warm ttnn cache for it in {loader.cache_dir} and no checkpoint weights "
+                f"cannot start {model}: no warm ttnn cache for it under {loader.cache_root} and no checkpoint weights "
                 f"to build one from ({error}). Build the cache where the weights are (tt-cache build) and point "
                 f"TT_CACHE_PATH at it, or make the weights reachable (MODEL_WEIGHTS_DIR, HF_MODEL, HF_HOME)."
             ) from None

@@ -3,8 +3,8 @@
 a hub cache, ``TT_CACHE_PATH``. Every start is a fresh process running the offline example
 (vLLM's default multiprocess engine), so warm means warm from disk, not from this process.
 
-The hub cache is a private copy of the prepared snapshot (mtimes kept, so it is the same
-checkpoint to the cache), which the tests strip of its weights or zero.
+The hub cache is a private copy of the prepared snapshot in the hub's own layout (weights in
+``blobs/<sha256>``), which the tests strip of its weights or zero.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m
+from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m, read_manifest
 from tests.ttnn.tiny_models import pcc
 from tests.vllm.engines import run_offline
 
@@ -46,10 +46,18 @@ def hub_env(hub: Path, cache: Path) -> dict[str, str]:
 
 
 def copy_repo(destination: Path, *, weights: bool) -> Path:
-    """The prepared hub repo copied under ``destination/hub`` (``copy2``: mtimes kept); returns the hub."""
-    source = prepare_gemma3_270m().parents[1]
-    ignore = None if weights else shutil.ignore_patterns(WEIGHTS_NAME)
-    shutil.copytree(source, destination / "hub" / REPO_CACHE_NAME, ignore=ignore)
+    """The prepared hub repo copied under ``destination/hub``, laid out as the hub lays it out: the
+    weights a symlink to ``blobs/<sha256>`` (so the loader names them without reading them);
+    ``weights=False``: config and tokenizer only. Returns the hub."""
+    source = prepare_gemma3_270m()
+    repo = destination / "hub" / REPO_CACHE_NAME
+    shutil.copytree(source.parents[1], repo, ignore=shutil.ignore_patterns(WEIGHTS_NAME))
+    if weights:
+        blob = repo / "blobs" / read_manifest(source)["files"][WEIGHTS_NAME]["sha256"]
+        blob.parent.mkdir()
+        shutil.copy2(source / WEIGHTS_NAME, blob)
+        link = snapshot_of(destination / "hub") / WEIGHTS_NAME
+        link.symlink_to(os.path.relpath(blob, link.parent))
     return destination / "hub"
 
 
@@ -114,29 +122,29 @@ def cold_start(hub, bf16_cache, tmp_path_factory) -> dict:
 def test_cold_start_generates_transformers_greedy_tokens(cold_start, transformers_reference):
     assert cold_start["startup"]["warm"] is False
     assert_greedy(cold_start, transformers_reference["tokens"])
-    assert cold_start["startup"]["cache_dir"].endswith("gemma-3-270m/bfloat16/mesh_1x1")
+    cache_dir = Path(cold_start["startup"]["cache_dir"])
+    assert cache_dir.parts[-2:] == ("bfloat16", "mesh_1x1") and cache_dir.parts[-3].startswith("gemma-3-270m")
 
 
 def zero_tensor_data(path: Path) -> None:
-    """Overwrite every tensor byte with zeros, keeping the header, the size and the mtime (so the
-    checkpoint still fingerprints as the one the cache was built from)."""
-    stat = path.stat()
+    """Overwrite every tensor byte with zeros, keeping the header (the blob keeps its name, so the
+    checkpoint still names the weights the cache was built from)."""
     with path.open("r+b") as file:
         data_start = 8 + struct.unpack("<Q", file.read(8))[0]
         file.seek(data_start)
-        remaining, block = stat.st_size - data_start, bytes(1 << 20)
+        remaining, block = path.stat().st_size - data_start, bytes(1 << 20)
         while remaining > 0:
             remaining -= file.write(block[: min(remaining, len(block))])
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_second_start_is_warm_and_reads_no_weight(cold_start, bf16_cache, transformers_reference, tmp_path):
-    """The weights are zeros now: had the warm start read any, its tokens would not be transformers'.
+    """A fresh copy whose weight blob holds zeros: had the warm start read any weight, its tokens
+    would not be transformers'.
     (vLLM's own ModelConfig reads the safetensors *header* of a tied-embedding checkpoint to look
     for an lm_head, so an unreadable file would stop vLLM itself before the model loads.)"""
     hub = copy_repo(tmp_path, weights=True)
     weights = snapshot_of(hub) / WEIGHTS_NAME
-    zero_tensor_data(weights)
+    zero_tensor_data(weights.resolve())
     with safe_open(str(weights), framework="pt") as reader:
         assert not reader.get_tensor("model.embed_tokens.weight").any()
     proc, report = start(hub_env(hub, bf16_cache), tmp_path / "report.json")
