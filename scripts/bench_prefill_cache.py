@@ -11,7 +11,8 @@ Measures, interleaved in one run so that a noisy machine hits both sides of ever
   ``write`` + ``fsync`` and a plain ``read`` of the same bytes.
 
 Files are in the page cache for both a first lookup and the plain read (dropping caches needs
-root); the benchmark compares like with like. Usage::
+root); the benchmark compares like with like. Results also go to ``--out-dir`` as
+``bench_prefill_cache.json`` and PNG charts, with this process's peak RSS (``VmHWM``). Usage::
 
     .venv/bin/python scripts/bench_prefill_cache.py [--dir /path/on/the/disk] [--repeats 15]
 """
@@ -30,10 +31,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 from loguru import logger  # noqa: E402
 
 from models.common import prefill_cache as pc  # noqa: E402
 from models.common.fileio import write_all  # noqa: E402
+from models.common.measure import peak_rss_mib  # noqa: E402
 from tests.ttnn.helpers.prefill_factories import row  # noqa: E402
 
 MIB = 1 << 20
@@ -126,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir in /tmp)")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="JSON + PNG go here (default: %(default)s)")
     args = parser.parse_args()
     logger.remove()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-prefill-") as temp:
@@ -155,6 +159,19 @@ def main() -> None:
     print(f"| `store_batch_boundary`, 64 rows of 16 KiB | {med(batch['batch']) * 1e3:.1f} ms | "
           f"**{med(batch['singles']) / med(batch['batch']):.1f}x** faster than singles |")
     print(f"| 64 x `store_boundary`, same rows | {med(batch['singles']) * 1e3:.1f} ms | |")
+    print(f"| peak RSS of this benchmark process (own VmHWM) | {peak_rss_mib():.0f} MiB | |")
+    medians = {"hot_first_lookup": med(first), "hot_later_lookup": med(later),
+               **{name: med(values) for name, values in io.items()}, **{name: med(values) for name, values in batch.items()}}
+    ms = {name: value * 1e3 for name, value in medians.items()}
+    write_results(args.out_dir, "bench_prefill_cache", {"object_bytes": size, "repeats": args.repeats,
+                                                         "median_s": medians, "peak_rss_mib": peak_rss_mib()}, {
+        "": dict(groups={
+            "lookup, 1 MiB object": {"first (SHA-256)": ms["hot_first_lookup"], "later (proof reused)": ms["hot_later_lookup"],
+                                     "plain read": ms["read"]},
+            "store, 1 MiB object": {"store_boundary": ms["store"], "plain write + fsync": ms["write_fsync"]},
+            "store, 64 rows of 16 KiB": {"store_batch_boundary": ms["batch"], "64 x store_boundary": ms["singles"]},
+        }, title=f"prefill cache, median of {args.repeats}, page cache warm", ylabel="ms (log scale)", log=True),
+    })
 
 
 if __name__ == "__main__":
