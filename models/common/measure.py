@@ -66,18 +66,19 @@ def report(result: Mapping[str, Any]) -> None:
 
 
 def run_measured(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | str | None = None,
-                 timeout: float | None = None) -> dict[str, Any]:
+                 timeout: float | None = None, show_log: bool = False) -> dict[str, Any]:
     """Run a child that ends with :func:`report`; return its report plus ``process_s``, the wall time
     of the whole child (interpreter start and imports included). A failed child is an error that
-    carries the end of its stderr."""
+    carries the end of its stderr; ``show_log`` passes its stderr through instead (long phases)."""
     start = time.perf_counter()
-    done = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=None if show_log else subprocess.PIPE, text=True, timeout=timeout)
     seconds = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.startswith(REPORT_PREFIX)]
     if done.returncode or not lines:
         why = f"exited with {done.returncode}" if done.returncode else "printed no report line"
-        raise MeasureError(f"measured process {_describe(argv)} {why}:\n{done.stderr[-4000:]}")
+        log = "(its log is above)" if show_log else done.stderr[-4000:]
+        raise MeasureError(f"measured process {_describe(argv)} {why}:\n{log}")
     result = json.loads(lines[-1][len(REPORT_PREFIX):])
     result["process_s"] = seconds
     return result

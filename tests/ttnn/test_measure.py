@@ -89,3 +89,18 @@ def test_failed_or_silent_child_is_a_clear_error() -> None:
         run_measured([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"])
     with pytest.raises(MeasureError, match="printed no report line"):
         run_measured([sys.executable, "-c", "print('hello')"])
+
+
+def test_shown_log_is_not_captured_and_failure_points_to_it() -> None:
+    code = ("import sys\n"
+            "from models.common.measure import MeasureError, run_measured\n"
+            "child = [sys.executable, '-c', 'import sys; sys.stderr.write(\"child-\" + \"log-line\\\\n\"); sys.exit(4)']\n"
+            "try:\n"
+            "    run_measured(child, show_log=True)\n"
+            "except MeasureError as error:\n"
+            "    print('ERROR', str(error).replace(chr(10), ' '))\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert "child-log-line" in done.stderr  # went straight to the parent's stderr
+    assert "exited with 4" in done.stdout and "its log is above" in done.stdout
+    assert "child-log-line" not in done.stdout

@@ -53,13 +53,15 @@ def build_phase(snapshot: str, precision: str, mesh: str) -> dict:
 
 
 def run_phase(phase: str, *args: str, force: bool = False) -> dict:
-    """Run ``--phase <phase>`` of this module in a fresh interpreter and return its report."""
+    """Run ``--phase <phase>`` of this module in a fresh interpreter and return its report (the
+    prepare phase's log is shown: it is the one long step of a first run)."""
     env = dict(os.environ)
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     if force:
         env["TT_TRANSFORMERS_FORCE_MODEL_LOAD"] = "1"
     try:
-        return run_measured([sys.executable, "-m", "models.demos.gemma3_270m.demo", "--phase", phase, *args], env=env)
+        return run_measured([sys.executable, "-m", "models.demos.gemma3_270m.demo", "--phase", phase, *args], env=env,
+                            show_log=phase == "prepare")
     except MeasureError as error:
         raise SystemExit(f"the {phase} phase failed: {error}") from error
 
