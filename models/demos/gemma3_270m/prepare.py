@@ -427,7 +427,7 @@ def save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
     """Write the whole checkpoint (config, weights, tokenizer) into ``out_dir``."""
-    with _step("read GGUF header"):
+    with _step("read GGUF header + write config"):
         gguf = read_source(gguf_path)
         save_config(gguf, out_dir)
     save_weights(gguf, out_dir)
