@@ -277,32 +277,6 @@ def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snaps
 # Bit identity with the transformers conversion this prepare replaced
 # ---------------------------------------------------------------------------------------------
 
-# The recipe prepare.py used up to recipe 1 (about 90 s here): transformers' GGUF loader with every
-# weight dequantized, copied into a model without quantization settings, ``save_pretrained``.
-TRANSFORMERS_RECIPE = r"""
-import copy, sys
-from pathlib import Path
-import torch, transformers
-
-gguf_path, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
-gguf_model = transformers.AutoModelForCausalLM.from_pretrained(
-    str(gguf_path.parent), gguf_file=gguf_path.name,
-    quantization_config=transformers.GgufConfig(dequantize=True), dtype=torch.bfloat16)
-config = copy.deepcopy(gguf_model.config)
-for attribute in ("quantization_config", "_pre_quantization_dtype"):
-    if hasattr(config, attribute):
-        delattr(config, attribute)
-config.dtype = torch.bfloat16
-model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-model.load_state_dict(gguf_model.state_dict(), strict=True)
-model.tie_weights()
-model.generation_config = copy.deepcopy(gguf_model.generation_config)
-model.save_pretrained(out_dir)
-tokenizer = transformers.GemmaTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-tokenizer.save_pretrained(out_dir)
-"""
-
-
 @real_model
 @pytest.mark.slow
 def test_prepared_files_are_bit_identical_to_the_transformers_conversion(tmp_path: Path, snapshot: Path) -> None:
@@ -310,7 +284,7 @@ def test_prepared_files_are_bit_identical_to_the_transformers_conversion(tmp_pat
     byte, what transformers' own GGUF loader and ``save_pretrained`` write from the same GGUF."""
     gguf_path = prepare.assemble_gguf(gguf_source())
     reference = tmp_path / "transformers"
-    subprocess.run([sys.executable, "-c", TRANSFORMERS_RECIPE, str(gguf_path), str(reference)],
+    subprocess.run([sys.executable, "-m", "models.demos.gemma3_270m.transformers_recipe", str(gguf_path), str(reference)],
                    cwd=REPO_ROOT, env=_env(), check=True, timeout=CONVERSION_TIMEOUT_S)
     ours = sorted(path.name for path in snapshot.iterdir() if path.name != MANIFEST_NAME)
     assert ours == sorted(path.name for path in reference.iterdir())
