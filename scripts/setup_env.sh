@@ -5,7 +5,9 @@
 #
 # Installs the pinned requirements with uv (itself pinned below and installed from PyPI into the
 # venv): faster than pip here, cold and warm (scripts/bench_setup_env.py, numbers in the README).
-# uv compiles bytecode at install time as pip does, so the first imports cost the same after either.
+# uv leaves bytecode to the first import of each module (only what is used gets compiled); pip
+# compiles every module at install, which is most of its time here (UV_COMPILE_BYTECODE=1 makes uv
+# do the same, and then it is as slow as pip: see the README).
 # Should uv fail to install or to install the requirements, pip does it instead.
 # TT_INSTALLER=pip (or uv) forces one installer, without fallback.
 set -euo pipefail
@@ -44,7 +46,7 @@ pip_install() {
 }
 
 uv_install() {
-  local uv=("$venv/bin/uv" pip install --quiet --compile-bytecode --python "$venv/bin/python")
+  local uv=("$venv/bin/uv" pip install --quiet --python "$venv/bin/python")
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$uv_version" &&
     "${uv[@]}" -r "$root/requirements.txt" &&
     "${uv[@]}" --no-deps --no-build-isolation -e "$root"
