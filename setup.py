@@ -9,5 +9,6 @@ setup(
     packages=find_packages(include=["models", "models.*"]),
     package_data={"models.common": ["mock_clusters/*.yaml"]},
     install_requires=["ttnn", "torch", "safetensors", "loguru", "blake3", "numpy"],
+    extras_require={"ray": ["ray>=2.40"]},  # distributed seeding (models.seeding.ray_seed)
     entry_points={"console_scripts": ["tt-cache=models.common.cli:main"]},
 )

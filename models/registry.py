@@ -8,6 +8,9 @@ from typing import Any
 
 FAMILY_LOADERS = {
     "llama": "models.llama:LlamaLoader",
+    "mistral": "models.mistral:MistralLoader",
+    "phi3": "models.phi3:Phi3Loader",
+    "qwen2": "models.qwen2:Qwen2Loader",
     "qwen3": "models.qwen3:Qwen3Loader",
     "qwen3_moe": "models.qwen3:Qwen3MoeLoader",
     "gemma3": "models.gemma:Gemma3Loader",
@@ -15,6 +18,9 @@ FAMILY_LOADERS = {
 }
 MODEL_TYPES = {
     "llama": "llama",
+    "mistral": "mistral",
+    "phi3": "phi3",
+    "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "gemma3_text": "gemma3",

@@ -22,14 +22,19 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from models.common.fileio import write_all
+from models.common.fileio import (
+    atomic_write_bytes,
+    sha256_bytes,
+    sha256_file,
+    write_all,
+)
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -102,27 +107,110 @@ def safetensors_files(checkpoint_dir: Path) -> dict[str, Path]:
     raise CheckpointError(f"{checkpoint_dir} holds no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}")
 
 
-def checkpoint_fingerprint(checkpoint_dir: Path) -> list[list[Any]]:
-    """(name, bytes, mtime_ns) of the config and weight files: a stat-only identity of the
-    checkpoint's content, recorded with the cache so a changed checkpoint makes the cache cold."""
-    names = sorted({p.name for p in checkpoint_dir.glob("*.safetensors")} | {CONFIG_FILE, SAFETENSORS_INDEX})
-    found = []
-    for name in names:
+# --------------------------------------------------------------------------------------------
+# Identity: how the model was named, and what its weights are
+# --------------------------------------------------------------------------------------------
+
+_HF_SNAPSHOT = re.compile(r"models--(?:(?P<org>[^/]+?)--)?(?P<name>[^/]+)/snapshots/[^/]+$")
+_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def checkpoint_name(model_path: str | os.PathLike) -> str:
+    """The repo's base name however the checkpoint is addressed (``org/name``, ``/data/name``,
+    ``.../models--org--name/snapshots/<rev>``): the readable part of a cache dir's name."""
+    text = os.fspath(model_path).rstrip("/")
+    snapshot = _HF_SNAPSHOT.search(text)
+    name = snapshot.group("name") if snapshot else text.rsplit("/", 1)[-1]
+    return name if name not in ("", ".", "..") else Path(text).resolve().name or "model"
+
+
+def model_id(model: str | os.PathLike) -> str:
+    """How a model was asked for, org included: ``org/name`` for an HF id or a hub snapshot
+    (``models--org--name/snapshots/<rev>``), else the local directory's absolute path.
+
+    A cache-only load (no weights on this machine) is served only by a cache whose marker
+    records this same id."""
+    text = os.fspath(model).rstrip("/")
+    path = Path(text).expanduser()
+    snapshot = _HF_SNAPSHOT.search(os.fspath(path.resolve()) if path.exists() else text)
+    if snapshot:
+        org = snapshot.group("org")
+        return f"{org}/{snapshot.group('name')}" if org else snapshot.group("name")
+    if _HF_ID.match(text) and not path.exists():
+        return text
+    return os.fspath(path.resolve())
+
+
+def identity_files(checkpoint_dir: Path) -> list[str]:
+    """The files whose bytes decide the converted weights: config, shard index, safetensors."""
+    names = {p.name for p in checkpoint_dir.glob("*.safetensors")} | {CONFIG_FILE, SAFETENSORS_INDEX}
+    return sorted(name for name in names if (checkpoint_dir / name).is_file())
+
+
+def has_weights(checkpoint_dir: Path | None) -> bool:
+    return checkpoint_dir is not None and (
+        (checkpoint_dir / SAFETENSORS_INDEX).is_file() or (checkpoint_dir / SAFETENSORS_SINGLE).is_file()
+    )
+
+
+class DigestStamps:
+    """SHA-256 of checkpoint files, remembered per (device, inode, size, mtime, ctime).
+
+    A file is hashed once; later starts ``stat`` it and reuse the digest while every stamp field
+    is unchanged. A copy (``cp -r``, another node's copy) is hashed once more and then shares the
+    cache of its original. Stored as one small JSON file per checkpoint directory; when that
+    cannot be written (read-only cache root) digests are simply recomputed next time."""
+
+    def __init__(self, store_dir: Path, checkpoint_dir: Path) -> None:
+        key = sha256_bytes(os.fspath(checkpoint_dir.resolve()).encode())[:24]
+        self.path = Path(store_dir) / f"{key}.json"
+        self._known: dict[str, list[Any]] = {}
         try:
-            stat = (checkpoint_dir / name).stat()
-        except FileNotFoundError:
-            continue
-        found.append([name, stat.st_size, stat.st_mtime_ns])
-    return found
+            body = json.loads(self.path.read_bytes())
+            if isinstance(body, dict):
+                self._known = body
+        except (OSError, ValueError):
+            pass
+        self._dirty = False
+
+    def digest(self, file: Path) -> str:
+        blob = _hub_blob_digest(file)
+        if blob:
+            return blob
+        info = file.stat()
+        stamp = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+        entry = self._known.get(file.name)
+        if isinstance(entry, list) and len(entry) == 6 and entry[:5] == stamp and isinstance(entry[5], str):
+            return entry[5]
+        digest = sha256_file(file)
+        self._known[file.name] = [*stamp, digest]
+        self._dirty = True
+        return digest
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.path, json.dumps(self._known, sort_keys=True).encode(), durable=False)
+        except OSError:
+            pass
 
 
-def checkpoint_changed(recorded: list[list[Any]], current: list[list[Any]]) -> bool:
-    """True when a file present now differs from (or was absent in) the recorded fingerprint.
+def _hub_blob_digest(file: Path) -> str | None:
+    """A hub snapshot's LFS file is a symlink to ``blobs/<sha256 of its content>``: the name is the digest."""
+    if not file.is_symlink():
+        return None
+    target = Path(os.readlink(file)).name
+    return target if _SHA256_NAME.fullmatch(target) else None
 
-    Files missing now are no change: deleting the weights after seeding (a cache-only deploy)
-    must keep the cache warm."""
-    before = {entry[0]: entry for entry in recorded if isinstance(entry, list) and entry}
-    return any(before.get(entry[0]) != entry for entry in current)
+
+def content_id(checkpoint_dir: Path, stamps: DigestStamps) -> str:
+    """SHA-256 over the checkpoint's weight and config files' SHA-256s: the same for the same
+    weights however they are reached (HF id, local copy, hub snapshot), different for any other."""
+    lines = [f"{name}:{stamps.digest(checkpoint_dir / name)}" for name in identity_files(checkpoint_dir)]
+    stamps.save()
+    return sha256_bytes("\n".join(lines).encode())
 
 
 @dataclass(frozen=True)
@@ -244,6 +332,23 @@ class SafetensorsFile:
         flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(shape)
 
+    def release(self, name: str) -> None:
+        """Drop ``name``'s pages from this process and from the page cache (a streaming seed reads
+        each tensor once). Safe while views of it live: the mapping is private and unmodified,
+        so a later touch reads the bytes from the file again."""
+        _, dtype, begin, count = self._entries[name]
+        if count == 0 or self._mmap is None:
+            return
+        offset = self._base + begin
+        start = offset - offset % mmap.PAGESIZE
+        length = offset + count * dtype.itemsize - start
+        try:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
+            with open(self.path, "rb") as stream:
+                os.posix_fadvise(stream.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError):
+            pass  # only memory is at stake: the pages then stay until the mapping is closed
+
     def _populate(self, offset: int, length: int) -> None:
         """Map the tensor's pages in one call (``MADV_POPULATE_READ``, Linux 5.14+): a third
         faster than taking one page fault per 4 KiB while the loader transposes it."""
@@ -268,6 +373,7 @@ class CheckpointReader:
             if key is not None:
                 self._location[key] = (file, name)
         self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
+        self._read: list[str] = []  # keys read since the last release_read()
 
     def keys(self) -> list[str]:
         return list(self._location)
@@ -285,7 +391,18 @@ class CheckpointReader:
             file, name = self._location[key]
         except KeyError:
             raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
+        self._read.append(key)
         return self._open[file].tensor(name, populate=True)
+
+    def release_read(self, keep: Iterable[str] = ()) -> None:
+        """Release the pages of every tensor read since the last call but those in ``keep``
+        (see :meth:`SafetensorsFile.release`)."""
+        keep = set(keep)
+        for key in self._read:
+            if key not in keep:
+                file, name = self._location[key]
+                self._open[file].release(name)
+        self._read.clear()
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for key in self._location:

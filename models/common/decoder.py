@@ -8,6 +8,8 @@ weight                        host transform                         format
 ============================  =====================================  ==================
 ``attention.wqkv``            q/k/v ``[out,in]`` -> ``[in, out]``,     precision, TILE,
                               fused column-blocked per mesh column   column-parallel
+``attention.bqkv``            q/k/v biases (Qwen2) in the column     bf16, TILE, split
+                              blocks of ``wqkv``, ``[1, out]``       over columns only
 ``attention.wo``              ``[in, out]``                          precision, TILE,
                                                                      row-parallel
 ``attention.{q,k}_norm``      ``[1, 1, head_dim/32, 32]``            bf16, ROW_MAJOR
@@ -32,7 +34,7 @@ import ttnn
 
 from models.common.checkpoint import KeyRule
 from models.common.loader import WeightLoader, WeightSink
-from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
+from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
 from models.common.tensor_cache import TensorFormat
 from models.common.weight_cache import concat, stack
@@ -57,6 +59,9 @@ HF_DECODER_RULES: tuple[KeyRule, ...] = (
 NORM_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
 EMBEDDING_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
 ROUTER_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, REPLICATED)
+# Biases are added after the reduction over mesh rows: split over columns like their weight's
+# outputs, replicated over rows. bf16 whatever the precision (tt-metal keeps biases in bf16).
+BIAS_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, Placement(col_dim=-1))
 
 
 def norm_for_device(weight: torch.Tensor) -> torch.Tensor:
@@ -79,14 +84,11 @@ def _heads(weight: torch.Tensor, indices: Sequence[int], head_dim: int) -> list[
     return [weight.narrow(0, h * head_dim, head_dim) for h in indices]
 
 
-def fuse_qkv(
+def column_blocked_heads(
     wq: torch.Tensor, wk: torch.Tensor | None, wv: torch.Tensor | None, args: ModelArgs, cols: int
 ) -> torch.Tensor:
-    """``[dim, cols * (q + k + v heads of a column) * head_dim]``, column ``c``'s block holding its
-    query heads, then its key heads, then its value heads.
-
-    ``wk`` / ``wv`` may be None for a model whose layer has no such projection (gemma4's KV-shared
-    layers, or values equal to keys): that part of every column's block is then left out."""
+    """q/k/v rows (weights ``[out, in]`` or biases ``[out]``) regrouped per mesh column: column
+    ``c``'s block holds its query heads, then its key heads, then its value heads."""
     if args.n_heads % cols:
         raise ValueError(f"{args.n_heads} attention heads cannot be split over {cols} mesh columns")
     per_q = args.n_heads // cols
@@ -96,7 +98,32 @@ def fuse_qkv(
         blocks += _heads(wq, range(c * per_q, (c + 1) * per_q), args.head_dim)
         for w in (wk, wv):
             blocks += _heads(w, kv[c], args.head_dim) if w is not None else []
-    return concat(blocks, dim=0).transpose(0, 1)
+    return concat(blocks, dim=0)
+
+
+def fuse_qkv(
+    wq: torch.Tensor, wk: torch.Tensor | None, wv: torch.Tensor | None, args: ModelArgs, cols: int
+) -> torch.Tensor:
+    """``[dim, cols * (q + k + v heads of a column) * head_dim]``, column-blocked (see
+    :func:`column_blocked_heads`).
+
+    ``wk`` / ``wv`` may be None for a model whose layer has no such projection (gemma4's KV-shared
+    layers, or values equal to keys): that part of every column's block is then left out."""
+    return column_blocked_heads(wq, wk, wv, args, cols).transpose(0, 1)
+
+
+def fuse_qkv_bias(bq: torch.Tensor, bk: torch.Tensor, bv: torch.Tensor, args: ModelArgs, cols: int) -> torch.Tensor:
+    """``[1, cols * block]``: the q/k/v biases in exactly the column blocks of :func:`fuse_qkv`, so
+    each device adds the bias of the heads it computes."""
+    return column_blocked_heads(bq, bk, bv, args, cols).reshape(1, -1)
+
+
+def split_rows(fused: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    """Views of consecutive row ranges of a fused ``[out, in]`` checkpoint weight (Phi-3's
+    ``qkv_proj``, ``gate_up_proj``); checks the sizes add up so a wrong config cannot slip by."""
+    if sum(sizes) != fused.shape[0]:
+        raise ValueError(f"fused weight has {fused.shape[0]} rows; the config says {list(sizes)} ({sum(sizes)})")
+    return list(fused.split(list(sizes), dim=0))
 
 
 def stack_experts(state: Mapping[str, torch.Tensor], prefix: str, name: str, count: int) -> torch.Tensor:
@@ -148,11 +175,22 @@ class DecoderLoader(WeightLoader):
         else:
             self.convert_mlp(sink, args, layer)
 
+    def qkv_weights(self, state: Mapping[str, torch.Tensor], prefix: str, args: ModelArgs) -> list[torch.Tensor]:
+        """Hook: q, k and v ``[out, in]`` of a layer (a family storing them fused splits here)."""
+        return [state[f"{prefix}w{name}.weight"] for name in "qkv"]
+
+    def gate_up_weights(self, state: Mapping[str, torch.Tensor], prefix: str, args: ModelArgs) -> list[torch.Tensor]:
+        """Hook: gate (``w1``) and up (``w3``) ``[out, in]`` of a layer's MLP."""
+        return [state[prefix + "w1.weight"], state[prefix + "w3.weight"]]
+
     def convert_attention(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.attention."
         cols = self.mesh_shape[1]
-        wqkv = fuse_qkv(state[p + "wq.weight"], state[p + "wk.weight"], state[p + "wv.weight"], args, cols)
+        wqkv = fuse_qkv(*self.qkv_weights(state, p, args), args, cols)
         sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL))
+        if args.qkv_bias:
+            bqkv = fuse_qkv_bias(*(state[f"{p}w{name}.bias"] for name in "qkv"), args, cols)
+            sink.put(p + "bqkv", bqkv, BIAS_FORMAT)
         sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
         if args.qk_norm:
             sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), self.norm_format)
@@ -165,8 +203,9 @@ class DecoderLoader(WeightLoader):
 
     def convert_mlp(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.feed_forward."
-        sink.put(p + "w1", state[p + "w1.weight"].transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "w3", state[p + "w3.weight"].transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        w1, w3 = self.gate_up_weights(state, p, args)
+        sink.put(p + "w1", w1.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + "w3", w3.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
         sink.put(p + "w2", state[p + "w2.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
 
     def convert_moe(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:

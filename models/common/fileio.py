@@ -22,6 +22,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import threading
 from collections.abc import Iterable, Iterator
@@ -34,8 +35,12 @@ HASH_BLOCK_BYTES = 1 << 20
 TEMP_MARK = ".tmp."
 
 
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp\.(?P<pid>\d+)\.(?P<thread>[0-9a-f]+)\.(?P<token>[0-9a-f]{8})(?:\.[A-Za-z0-9_]+)?$")
+
+
 def unique_temp_path(path: Path, suffix: str = "") -> Path:
-    """A sibling of ``path`` that no other writer (process or thread) will ever pick.
+    """A sibling of ``path`` that no other writer (process or thread) will ever pick:
+    ``.<name>.tmp.<pid>.<thread>.<token>[suffix]``.
 
     ``suffix`` is appended for writers that insist on a file extension (``ttnn.dump_tensor``)."""
     path = Path(path)
@@ -44,26 +49,48 @@ def unique_temp_path(path: Path, suffix: str = "") -> Path:
 
 
 def is_temp_path(path: Path) -> bool:
-    """True for names made by :func:`unique_temp_path` (debris of a killed writer)."""
-    name = Path(path).name
-    return name.startswith(".") and TEMP_MARK in name
+    """True exactly for names made by :func:`unique_temp_path` (debris of a killed writer);
+    a user's ``.env.tmp.2024`` or ``.zshrc.tmp.orig`` is not one."""
+    return _TEMP_NAME.match(Path(path).name) is not None
+
+
+@contextlib.contextmanager
+def writing_into(directory: Path) -> Iterator[None]:
+    """Announce a writer in ``directory`` for the block: a shared ``flock`` on the directory.
+
+    Liveness is decided by this lock, not by a pid (a pid means nothing across PID namespaces
+    or hosts): :func:`temp_writer_alive` asks for the exclusive lock, which the kernel refuses
+    while any writer is inside the block, and grants as soon as the writer died."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield  # the write below reports the real problem
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without flock: temps are then never cleaned
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def temp_writer_alive(path: Path) -> bool:
-    """Whether the process that made a :func:`unique_temp_path` temp file still runs (a temp file
-    of a dead writer is debris, safe to delete)."""
-    name = Path(path).name
+    """Whether a writer may still be writing the :func:`unique_temp_path` temp file ``path``.
+
+    True while any writer holds its :func:`writing_into` lock on the file's directory (or when
+    that cannot be told: a file system without ``flock``); False once none does, so the temp is
+    debris of a dead writer and safe to delete."""
     try:
-        pid = int(name.split(TEMP_MARK, 1)[1].split(".", 1)[0])
-    except (IndexError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
         return True
-    return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def fsync_dir(path: Path) -> None:
@@ -105,15 +132,16 @@ def atomic_output(path: Path, *, durable: bool = True, suffix: str = "") -> Iter
     ``safetensors.save_file``); publish it atomically when the block succeeds."""
     path = Path(path)
     temp = unique_temp_path(path, suffix)
-    try:
-        yield temp
-        if durable:
-            fsync_file(temp)
-        publish(temp, path, durable=durable)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
+    with writing_into(path.parent):
+        try:
+            yield temp
+            if durable:
+                fsync_file(temp)
+            publish(temp, path, durable=durable)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
 
 
 def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = True) -> None:
@@ -213,3 +241,24 @@ def file_locks(lock_paths: Iterable[Path]) -> Iterator[None]:
         for lock_path in sorted({Path(path) for path in lock_paths}, key=str):
             stack.enter_context(file_lock(lock_path))
         yield
+
+
+def lock_held_elsewhere(lock_path: Path) -> bool:
+    """Whether some process holds an exclusive ``flock`` on ``lock_path`` right now.
+
+    The liveness test of a writer that holds its lock for as long as it writes: unlike a pid it
+    works across PID namespaces (containers) and never mistakes a recycled pid for the writer.
+    Opens read-only and never creates the file (a missing lock file has no holder)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)  # closing releases a shared lock we may have taken
+    return False

@@ -87,19 +87,46 @@ def _chunk(tensor: torch.Tensor, dim: int, parts: int, what: str) -> list[torch.
     return list(torch.chunk(tensor, parts, dim=dim))
 
 
-def shard(tensor: torch.Tensor, placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:
-    """One contiguous tensor per device, row-major; a single tensor when replicated."""
+def shard(tensor: torch.Tensor, placement: Placement, mesh: MeshShape, *, copy: bool = True) -> list[torch.Tensor]:
+    """One contiguous tensor per device, row-major; a single tensor when replicated.
+
+    ``copy=False`` returns the shards as views (possibly strided) for a consumer that reads
+    strides itself: ``ttnn.from_torch`` to TILE layout gathers a transposed view during its own
+    conversion, bit-identically and faster than a torch copy first (see tensor_cache)."""
     rows, cols = mesh
+    prepare = contiguous if copy else _as_is
     if placement.replicated:
-        return [contiguous(tensor)]
+        return [prepare(tensor)]
     if placement.flat_dim is not None:
-        return [contiguous(s) for s in _chunk(tensor, placement.flat_dim, rows * cols, "expert")]
+        return [prepare(s) for s in _chunk(tensor, placement.flat_dim, rows * cols, "expert")]
     per_row = _chunk(tensor, placement.row_dim, rows, "row") if placement.row_dim is not None else [tensor] * rows
     shards = []
     for row_part in per_row:
         parts = _chunk(row_part, placement.col_dim, cols, "column") if placement.col_dim is not None else [row_part] * cols
-        shards.extend(contiguous(p) for p in parts)
+        shards.extend(prepare(p) for p in parts)
     return shards
+
+
+def _as_is(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def shard_shape(shape: Sequence[int], placement: Placement, mesh: MeshShape) -> tuple[int, tuple[int, ...]]:
+    """(number of device tensors, shape of each) that :func:`shard` makes of a ``shape``:
+    arithmetic only, for checking a cached tensor against a placeholder."""
+    rows, cols = mesh
+    out = list(shape)
+    if placement.replicated:
+        return 1, tuple(out)
+    splits = [(placement.flat_dim, rows * cols)] if placement.flat_dim is not None else [
+        (placement.row_dim, rows), (placement.col_dim, cols)]
+    for dim, parts in splits:
+        if dim is None:
+            continue
+        if out[dim] % parts:
+            raise ValueError(f"cannot split dim {dim} of size {out[dim]} over {parts} devices")
+        out[dim] //= parts
+    return rows * cols, tuple(out)
 
 
 def column_blocks(shards: Sequence[torch.Tensor], placement: Placement, mesh: MeshShape) -> list[torch.Tensor]:

@@ -37,6 +37,9 @@ class ModelArgs:
     moe_layers: tuple[int, ...] = ()
     fuse_qkv: bool = True
     fuse_mlp: bool = False
+    qkv_bias: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -60,13 +63,34 @@ class ModelArgs:
             rope_scaling=text.get("rope_scaling") or text.get("rope_parameters"),
             max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,
+            layer_types=attention_layer_types(text, full),
             config=config,
         )
         for name, value in overrides.items():
             setattr(args, name, value)
         return args
 
+    def layer_type(self, layer: int) -> str:
+        """``"sliding_attention"`` or ``"full_attention"``: how layer ``layer`` masks its keys."""
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
     @property
     def partial(self) -> bool:
         """A ``num_layers`` build: never certifies the cache as complete."""
         return self.n_layers != self.full_n_layers
+
+
+def attention_layer_types(text: dict[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Each layer's attention kind, by the HF conventions: ``layer_types`` when the config lists
+    them; else, with ``use_sliding_window`` (Qwen2/Qwen3 configs), sliding from layer
+    ``max_window_layers`` on when it is true; else (Mistral, Phi-3) every layer slides when a
+    ``sliding_window`` is set."""
+    if text.get("layer_types"):
+        return tuple(text["layer_types"])
+    window = text.get("sliding_window")
+    if "use_sliding_window" in text:
+        first = int(text.get("max_window_layers") or 0) if text["use_sliding_window"] and window else n_layers
+    else:
+        first = 0 if window else n_layers
+    return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n_layers))

@@ -47,6 +47,13 @@ class CachedWeights:
             return self.loaded.host_weights[f"{name}.weight"].float()
         return self.columns(name)[0]
 
+    def rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """``full(name)[index]``, gathering before the fp32 conversion for a host-kept table (the
+        same values; Gemma's 262144-row embedding would otherwise be converted whole per call)."""
+        if name not in self.loaded.weights and f"{name}.weight" in self.loaded.host_weights:
+            return self.loaded.host_weights[f"{name}.weight"][index].float()
+        return self.full(name)[index]
+
     def vector(self, name: str) -> torch.Tensor:
         """A norm weight stored as ``[1, 1, n/32, 32]``, flattened."""
         return self.full(name).reshape(-1)
@@ -59,9 +66,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+def rope_kind(scaling: dict | None) -> str:
+    """``rope_type`` of a RoPE config (``type`` in older configs), ``"default"`` when absent."""
+    return (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None, seq_len: int | None = None) -> torch.Tensor:
+    """Inverse frequencies of a RoPE kind; ``seq_len`` picks LongRoPE's short or long factors.
+    With a ``partial_rotary_factor`` (default / LongRoPE kinds) only the first part of each head
+    rotates: fewer frequencies than ``head_dim / 2`` (see :func:`apply_rope`)."""
+    kind = rope_kind(scaling)
+    if kind in ("default", "longrope"):
+        head_dim = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "llama3":
         factor = scaling["factor"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -78,15 +95,37 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         rotated = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
         inv_freq = torch.cat([inv_freq[:rotated], torch.zeros(head_dim // 2 - rotated, dtype=inv_freq.dtype)])
         inv_freq = inv_freq / scaling.get("factor", 1.0)
+    elif kind == "longrope":  # Phi-3: per-frequency factors, long ones past the original context
+        long = seq_len is not None and seq_len > scaling["original_max_position_embeddings"]
+        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"LongRoPE has {factors.numel()} factors for {inv_freq.numel()} rotary frequencies")
+        inv_freq = inv_freq / factors
     elif kind != "default":
         raise NotImplementedError(f"rope_type {kind!r} is not in the reference forward")
     return inv_freq.float()
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (the HF checkpoint convention) on ``[T, heads, head_dim]``."""
+def rope_attention_scale(scaling: dict | None, max_position_embeddings: int) -> float:
+    """The factor RoPE's cos and sin are multiplied by: LongRoPE's attention factor, else 1."""
+    if rope_kind(scaling) != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Rotate-half RoPE (the HF checkpoint convention) on ``[T, heads, head_dim]``, cos and sin
+    times ``scale`` (LongRoPE); channels past ``2 * len(inv_freq)`` (partial rotary) pass through
+    unrotated and unscaled."""
+    rotary = 2 * inv_freq.numel()
+    if rotary < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rotary], positions, inv_freq, scale), x[..., rotary:]], dim=-1)
     angles = positions[:, None].float() * inv_freq[None, :]
-    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None, :], torch.cat([angles.sin()] * 2, -1)[:, None, :]
+    cos, sin = (torch.cat([wave(angles) * scale] * 2, -1)[:, None, :] for wave in (torch.cos, torch.sin))
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -131,14 +170,19 @@ class ReferenceDecoder:
         return rope_inv_freq(self.args.head_dim, theta, params)
 
     def _rope_params(self, kind: str) -> dict | None:
-        params = self.text_config.get("rope_parameters") or self.text_config.get("rope_scaling")
+        params = self.args.rope_scaling
         if isinstance(params, dict) and kind in params:
             return params[kind]
         return params
 
-    def _layer_type(self, layer: int) -> str:
-        types = self.text_config.get("layer_types")
-        return types[layer] if types else "full_attention"
+    def _rotary(self, sliding: bool, length: int) -> tuple[torch.Tensor, float]:
+        """A layer kind's inverse frequencies and cos/sin scale for a ``length``-token sequence
+        (LongRoPE picks its short or long factors by length, as transformers does)."""
+        params = self._rope_params("sliding_attention" if sliding else "full_attention")
+        if rope_kind(params) != "longrope":
+            return (self._inv_freq_local if sliding else self._inv_freq_global), 1.0
+        inv_freq = rope_inv_freq(self.args.head_dim, params.get("rope_theta") or self.args.rope_theta, params, length)
+        return inv_freq, rope_attention_scale(params, self.args.max_position_embeddings)
 
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         act = self.text_config.get("hidden_activation") or self.text_config.get("hidden_act") or "silu"
@@ -149,22 +193,25 @@ class ReferenceDecoder:
     def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         a, p = self.args, f"layers.{layer}.attention."
         positions = torch.arange(x.shape[0])
-        sliding = self._layer_type(layer) == "sliding_attention"
-        inv_freq = self._inv_freq_local if sliding else self._inv_freq_global
+        sliding = self.args.layer_type(layer) == "sliding_attention"
+        inv_freq, rope_scale = self._rotary(sliding, x.shape[0])
         scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
         per_q = a.n_heads // self.cols
         kv_of_column = kv_heads_per_column(a.n_kv_heads, self.cols)
         group = a.n_heads // a.n_kv_heads
-        mask = causal_mask(x.shape[0], self.text_config.get("sliding_window") if sliding else None)
+        mask = causal_mask(x.shape[0], self.args.sliding_window if sliding else None)
         out = torch.zeros_like(x)
         for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
             kv_heads = kv_of_column[c]
-            q, k, v = (x @ wqkv).split([per_q * a.head_dim, len(kv_heads) * a.head_dim, len(kv_heads) * a.head_dim], -1)
+            qkv = x @ wqkv
+            if self.w.has(p + "bqkv"):  # the bias of this column's heads (Qwen2)
+                qkv = qkv + self.w.columns(p + "bqkv")[c].reshape(-1)
+            q, k, v = qkv.split([per_q * a.head_dim, len(kv_heads) * a.head_dim, len(kv_heads) * a.head_dim], -1)
             q, k, v = (t.reshape(x.shape[0], -1, a.head_dim) for t in (q, k, v))
             if self.w.has(p + "q_norm"):
                 q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            q, k = (apply_rope(t, positions, inv_freq, rope_scale) for t in (q, k))
             local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
             out += attend(q, k[:, local], v[:, local], mask, scale) @ wo
         return out
@@ -204,7 +251,7 @@ class ReferenceDecoder:
     # -- the model ------------------------------------------------------------------------------
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.w.full("tok_embeddings")[tokens]
+        x = self.w.rows("tok_embeddings", tokens)
         return x * math.sqrt(self.args.dim) if self.gemma else x
 
     def logits(self, tokens: Sequence[int]) -> torch.Tensor:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -15,7 +17,10 @@ from models.common.checkpoint import (
     CheckpointError,
     KeyRule,
     SafetensorsFile,
-    checkpoint_changed,
+    DigestStamps,
+    checkpoint_name,
+    content_id,
+    model_id,
     remap_key,
     resolve_checkpoint_dir,
 )
@@ -93,11 +98,53 @@ def test_remap_key_first_rule_wins_and_unmatched_is_skipped():
     assert remap_key("rotary.inv_freq", rules) is None
 
 
-def test_checkpoint_change_ignores_deleted_files_but_not_changed_or_new_ones():
-    recorded = [["config.json", 10, 1], ["model.safetensors", 100, 2]]
-    assert not checkpoint_changed(recorded, [["config.json", 10, 1]])
-    assert checkpoint_changed(recorded, [["config.json", 10, 1], ["model.safetensors", 100, 3]])
-    assert checkpoint_changed(recorded, recorded + [["model-2.safetensors", 5, 5]])
+def _weights_dir(path, value: float):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"model_type": "llama"}')
+    save_file({"w": torch.full((4, 4), value)}, str(path / "model.safetensors"))
+    return path
+
+
+def test_content_id_follows_bytes_not_names_or_stamps(tmp_path):
+    stamps = tmp_path / "stamps"
+    original = _weights_dir(tmp_path / "run1" / "model", 1.0)
+    ident = content_id(original, DigestStamps(stamps, original))
+    copy = shutil.copytree(original, tmp_path / "copy" / "model", copy_function=shutil.copyfile)  # cp -r, no -p
+    assert content_id(copy, DigestStamps(stamps, copy)) == ident
+    other = _weights_dir(tmp_path / "run2" / "model", 2.0)  # same folder name, other weights
+    assert content_id(other, DigestStamps(stamps, other)) != ident
+    os.utime(original / "model.safetensors")  # touched, same bytes: re-hashed, same id
+    assert content_id(original, DigestStamps(stamps, original)) == ident
+
+
+def test_digest_stamps_rehash_only_what_changed(tmp_path):
+    checkpoint = _weights_dir(tmp_path / "model", 1.0)
+    content_id(checkpoint, DigestStamps(tmp_path / "stamps", checkpoint))
+    recorded = DigestStamps(tmp_path / "stamps", checkpoint)
+    assert set(recorded._known) == {"config.json", "model.safetensors"}
+    save_file({"w": torch.full((4, 4), 3.0)}, str(checkpoint / "model.safetensors"))  # same size, new bytes
+    fresh = DigestStamps(tmp_path / "stamps", checkpoint)
+    assert fresh.digest(checkpoint / "model.safetensors") != recorded._known["model.safetensors"][5]
+
+
+def test_hub_blob_names_are_the_digest(tmp_path):
+    snapshot = _weights_dir(tmp_path / "models--acme--tiny" / "snapshots" / "abc", 1.0)
+    blob = tmp_path / "models--acme--tiny" / "blobs" / ("ab" * 32)
+    blob.parent.mkdir()
+    os.replace(snapshot / "model.safetensors", blob)
+    (snapshot / "model.safetensors").symlink_to(os.path.relpath(blob, snapshot))
+    stamps = DigestStamps(tmp_path / "stamps", snapshot)
+    assert stamps.digest(snapshot / "model.safetensors") == "ab" * 32
+    assert model_id(snapshot) == "acme/tiny" and checkpoint_name(snapshot) == "tiny"
+
+
+def test_model_id_keeps_the_org_and_local_paths_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert model_id("some-org/tiny-llama") == "some-org/tiny-llama"
+    local = _weights_dir(tmp_path / "tiny-llama", 1.0)
+    assert model_id(local) == str(local.resolve())
+    assert model_id("tiny-llama") == str(local.resolve())
+    assert checkpoint_name(".") == tmp_path.name
 
 
 def test_unknown_hf_id_resolves_to_nothing(tmp_path, monkeypatch):

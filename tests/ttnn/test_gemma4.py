@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from models.common.checkpoint import CheckpointError
 from models.common.tensor_cache import host_shards
-from models.common.weight_cache import host_sidecar_path, read_marker
+from models.common.weight_cache import read_marker
 from models.gemma import Gemma4Loader
 from models.gemma.gemma4_reference import Gemma4Reference
 from tests.ttnn.tiny_models import hf_greedy, hf_logits, pcc, tensors_of
@@ -96,7 +96,8 @@ def reference_logits(checkpoints) -> dict[str, torch.Tensor]:
 
 
 def sidecar_keys(loader: Gemma4Loader) -> set[str]:
-    with safe_open(host_sidecar_path(loader.cache_dir, loader.build_variant), framework="pt") as reader:
+    sidecar = read_marker(loader.cache_dir, loader.build_variant).host_sidecar
+    with safe_open(loader.cache_dir / sidecar.path, framework="pt") as reader:
         return set(reader.keys())
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.common.weight_cache import verify_weight_cache
+from models.common.weight_cache import read_marker, verify_weight_cache
 from models.llama import LlamaLoader
 from tests.ttnn.tiny_models import make_checkpoint, tensors_of
 
@@ -73,15 +73,31 @@ def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(ch
         cache_root = tmp_path / f"cache{trial}"
         seeder = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root)
         seeder.load()
-        build = start_build(checkpoint, cache_root, force=True)  # withdraws the marker, rewrites every file
+        build = start_build(checkpoint, cache_root, force=True)  # a new generation beside the old one
         assert build.stdout.readline().strip() == "READY"  # imports done: the build starts now
         time.sleep(rng.uniform(0.0, 0.5))
         build.send_signal(signal.SIGKILL)
         out, _ = build.communicate()
-        if build.returncode == -signal.SIGKILL and "BUILT" not in out and not seeder.status().warm:
+        assert seeder.status().warm  # readers keep the last complete generation, killed build or not
+        named = read_marker(seeder.cache_dir, seeder.build_variant).generation
+        orphans = [p for p in seeder.cache_dir.glob("g*") if p.name != named]
+        if build.returncode == -signal.SIGKILL and "BUILT" not in out and orphans:
             killed_mid_build += 1
         assert_sound(checkpoint, cache_root, reference)
     assert killed_mid_build >= 2, f"only {killed_mid_build} of 6 kills landed inside a build"
+
+
+def test_the_next_build_retires_a_killed_builds_generation(checkpoint, tmp_path, monkeypatch):
+    cache_root = tmp_path / "cache"
+    seeder = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root)
+    seeder.load()
+    orphan = seeder.cache_dir / "g0-dead"
+    (orphan / "layers.0").mkdir(parents=True)
+    (orphan / "layers.0" / "half.tensorbin").write_bytes(b"x" * 100)
+    monkeypatch.setenv("TT_TRANSFORMERS_FORCE_MODEL_LOAD", "1")
+    LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root).load()
+    generations = [p.name for p in seeder.cache_dir.glob("g*")]
+    assert generations == [read_marker(seeder.cache_dir, seeder.build_variant).generation]
 
 
 def test_concurrent_cold_builds_all_succeed_and_agree(checkpoint, reference, tmp_path):

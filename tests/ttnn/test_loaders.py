@@ -118,12 +118,20 @@ def test_a_different_build_is_cold(change, checkpoints, cache_root):
     assert not LlamaLoader(checkpoints["llama"], **options).load().warm
 
 
-def test_num_layers_build_never_marks_complete(checkpoints, cache_root):
-    loader = LlamaLoader(checkpoints["llama"], num_layers=1, precision="bfloat16")
-    loaded = loader.load()
+def test_num_layers_build_lives_apart_and_never_touches_the_full_build(checkpoints, cache_root):
+    full = LlamaLoader(checkpoints["llama"], precision="bfloat16")
+    full.load()
+    full_marker = marker_path(full.cache_dir, full.build_variant)
+    before = full_marker.stat()
+    debug = LlamaLoader(checkpoints["llama"], num_layers=1, precision="bfloat16")
+    loaded = debug.load()
     assert loaded.args.n_layers == 1 and not loaded.warm
-    assert not marker_path(loader.cache_dir, loader.build_variant).exists()
-    assert not LlamaLoader(checkpoints["llama"], num_layers=1, precision="bfloat16").load().warm
+    assert debug.cache_dir != full.cache_dir and not debug.cache_dir.is_relative_to(full.cache_dir)
+    assert LlamaLoader(checkpoints["llama"], num_layers=1, precision="bfloat16").load().warm
+    after = full_marker.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    again = LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
+    assert again.warm and again.args.n_layers == 2
 
 
 def test_force_env_rebuilds_and_remarks(checkpoints, cache_root, monkeypatch):
@@ -174,9 +182,11 @@ def test_hf_id_local_dir_and_hub_snapshot_share_one_cache(checkpoints, cache_roo
 def test_changed_checkpoint_makes_the_cache_cold(checkpoints, cache_root, tmp_path):
     checkpoint = shutil.copytree(checkpoints["llama"], tmp_path / "tiny-llama")
     LlamaLoader(checkpoint, precision="bfloat16").load()
+    before = LlamaLoader(checkpoint, precision="bfloat16").cache_dir
     make_checkpoint("llama", checkpoint, seed=1)  # same name, new weights
-    rebuilt = LlamaLoader(checkpoint, precision="bfloat16").load()
-    assert not rebuilt.warm and "changed" in rebuilt.reason
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    rebuilt = loader.load()
+    assert not rebuilt.warm and loader.cache_dir != before  # the content names the cache
     assert torch.allclose(ReferenceDecoder(rebuilt).logits(PROMPT), hf_logits(checkpoint, PROMPT), atol=1e-3)
 
 
@@ -192,14 +202,15 @@ def test_truncated_tensorbin_makes_gate_cold_and_rebuild_repairs(checkpoints, ca
     assert LlamaLoader(checkpoints["llama"], precision="bfloat16").load().warm
 
 
-def test_unreadable_tensorbin_of_the_right_size_falls_back_to_cold(checkpoints, cache_root):
+def test_rewritten_tensorbin_of_the_right_size_is_rehashed_and_cold(checkpoints, cache_root):
     loader = LlamaLoader(checkpoints["llama"], precision="bfloat16")
     loader.load()
     victim = next(loader.cache_dir.rglob("*wqkv*.tensorbin"))
-    victim.write_bytes(b"\xff" * victim.stat().st_size)  # same size: passes the stat-only gate
-    assert loader.status().warm
+    victim.write_bytes(b"\xff" * victim.stat().st_size)  # same size, new mtime/ctime: re-hashed
+    status = loader.status()
+    assert not status.warm and "content differs" in status.reason
     rebuilt = LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
-    assert not rebuilt.warm and "unreadable" in rebuilt.reason
+    assert not rebuilt.warm and "content differs" in rebuilt.reason
     assert verify_weight_cache(loader.cache_dir, loader.build_variant) == []
 
 

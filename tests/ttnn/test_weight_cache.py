@@ -350,12 +350,13 @@ def test_gate_is_cold_when_a_recorded_path_is_a_directory(seeded_cache) -> None:
     assert any("layers.0" in p for p in wc.verify_weight_cache(seeded_cache.root))
 
 
-def test_same_size_corruption_passes_the_stat_gate_but_deep_verify_names_the_file(seeded_cache) -> None:
+def test_same_size_corruption_is_rehashed_by_the_gate_and_deep_verify_names_the_file(seeded_cache) -> None:
     path = seeded_cache.path("layers.0.feed_forward.w1.weight")
     data = bytearray(path.read_bytes())
     data[-7] ^= 0xFF
-    path.write_bytes(bytes(data))
-    assert status(seeded_cache).warm  # stat only, by design
+    path.write_bytes(bytes(data))  # same size, but a new mtime/ctime: the gate re-hashes it
+    result = status(seeded_cache)
+    assert not result.warm and "content differs" in result.reason
     problems = wc.verify_weight_cache(seeded_cache.root)
     assert len(problems) == 1 and seeded_cache.files["layers.0.feed_forward.w1.weight"] in problems[0]
 
@@ -457,9 +458,10 @@ def test_a_pickle_planted_as_the_sidecar_is_never_executed(seeded_cache, tmp_pat
     pickle.loads(payload)
     assert sentinel.exists()  # the payload is live...
     sentinel.unlink()
-    result = status(seeded_cache)  # ...but the gate never unpickles it
-    assert not result.warm and "host sidecar" in result.reason
+    status(seeded_cache)  # ...but neither the gate (stat + hash) nor the loader unpickles it
     assert wc.load_host_sidecar(seeded_cache.root) is None
+    with pytest.raises(wc.WeightCacheError, match="host sidecar"):
+        wc.build_cached_state_dict(seeded_cache.root)
     assert not sentinel.exists()
 
 
@@ -669,3 +671,8 @@ def test_placeholder_safe_transforms_give_shapes_on_placeholders_and_values_on_r
     assert torch.equal(fp32_elementwise(real[0], lambda w: w + 1.0), real[0].float() + 1.0)
     shifted = fp32_elementwise(fake[0], lambda w: w + 1.0)
     assert shifted.is_meta and shifted.dtype == torch.float32 and tuple(shifted.shape) == (4, 3)
+
+
+def test_the_default_variants_sidecar_has_the_upstream_name(tmp_path) -> None:
+    assert wc.host_sidecar_path(tmp_path).name == wc.HOST_WEIGHTS_SIDECAR == ".host_weights.safetensors"
+    assert wc.host_sidecar_path(tmp_path, {"precision": "bfloat16"}).name != wc.HOST_WEIGHTS_SIDECAR

@@ -33,7 +33,57 @@ def tiny_config(family: str, **overrides):
     if family == "qwen3_moe":
         return Qwen3MoeConfig(**{**shapes, "num_local_experts": 12, "num_experts_per_tok": 2,
                                  "moe_intermediate_size": 64, "mlp_only_layers": [0], **overrides})
+    if family in NEW_FAMILY_CONFIGS:
+        return NEW_FAMILY_CONFIGS[family]({**TINY_SHAPES, **overrides})
     raise ValueError(family)
+
+
+def _without_head_dim(shapes: dict) -> dict:
+    """Qwen2 and Phi-3 configs have no head_dim (it is hidden / heads): 256 / 8 keeps it at 32."""
+    return {**{k: v for k, v in shapes.items() if k != "head_dim"}, "hidden_size": 256}
+
+# Phi-3 LongRoPE: distinct short / long factors per frequency, switching past 16 positions.
+LONGROPE_ORIGINAL_CONTEXT = 16
+
+
+def longrope(n_frequencies: int) -> dict:
+    return {"rope_type": "longrope", "short_factor": [1.0 + 0.25 * i for i in range(n_frequencies)],
+            "long_factor": [1.5 + 2.0 * i for i in range(n_frequencies)]}
+
+
+def _qwen2(shapes: dict):
+    from transformers import Qwen2Config
+
+    # q/k/v biases (always, in Qwen2), tied embeddings (the 0.5B-3B sizes), sliding from layer 1
+    return Qwen2Config(**_without_head_dim(shapes), tie_word_embeddings=True,
+                       use_sliding_window=True, sliding_window=4, max_window_layers=1)
+
+
+def _mistral(shapes: dict):
+    from transformers import MistralConfig
+
+    return MistralConfig(**shapes, sliding_window=4, tie_word_embeddings=False)
+
+
+def _phi3(shapes: dict, partial_rotary_factor: float = 1.0, tie: bool = False):
+    from transformers import Phi3Config
+
+    shapes = _without_head_dim(shapes)
+    head_dim = shapes["hidden_size"] // shapes["num_attention_heads"]
+    shapes["max_position_embeddings"] = 4 * LONGROPE_ORIGINAL_CONTEXT
+    return Phi3Config(**shapes, original_max_position_embeddings=LONGROPE_ORIGINAL_CONTEXT, sliding_window=6,
+                      partial_rotary_factor=partial_rotary_factor, tie_word_embeddings=tie,
+                      rope_scaling=longrope(int(head_dim * partial_rotary_factor) // 2),
+                      bos_token_id=1, eos_token_id=None, pad_token_id=None)
+
+
+NEW_FAMILY_CONFIGS = {
+    "qwen2": _qwen2,
+    "mistral": _mistral,
+    "phi3": _phi3,
+    # Phi-4-mini's variant of Phi-3: part of each head unrotated (a quarter there, half here), tied embeddings
+    "phi3_partial_rotary": lambda shapes: _phi3(shapes, partial_rotary_factor=0.5, tie=True),
+}
 
 
 def make_checkpoint(family: str, directory: Path, *, seed: int = 0, max_shard_size: str | None = None,

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The project's cold build against an upstream-style peer loop, side by side in one run.
+
+    python scripts/bench_peer_loop.py                        # Gemma 3 270M and a 0.6 GB llama-shaped checkpoint
+    python scripts/bench_peer_loop.py --models gemma3-270m --precision bfloat8_b bfloat16
+
+Cases, each in a fresh process (imports excluded), run round-robin over ``--repeat`` rounds with
+the checkpoint's pages warmed before each (``cat``), medians reported:
+
+* ``peer``: what upstream model code does: per weight, the same host transform, then
+  ``ttnn.as_tensor(t, dtype, layout, cache_file_name=...)`` (convert, dump, nothing else: no
+  fsync, no digest, no sidecar, no marker). Its summed ``ttnn.from_torch`` is timed by wrapping
+  ``ttnn.from_torch``.
+* ``load``: the project's cold ``WeightLoader.load()`` (weights kept; digests, fsync, sidecar, marker).
+* ``seed``: the project's streaming ``WeightLoader.seed()`` (cache only, memory flat).
+
+Targets (bfloat8_b): cold at most 1.0x the peer loop, and at most 1.1x the peer's summed
+``ttnn.from_torch``. Writes JSON and a PNG next to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CHILD = r"""
+import json, os, sys, time
+from models.common.device_env import ensure_host_cluster
+ensure_host_cluster()
+import torch, ttnn
+from models.common.checkpoint import CheckpointReader, read_config, resolve_checkpoint_dir
+from models.common.loader import LazyStateDict, WeightSink
+from models.registry import family_of, loader_class
+case, model, precision, cache_root = sys.argv[1:5]
+cls = loader_class(family_of(read_config(resolve_checkpoint_dir(model))))
+loader = cls(model, precision=precision, cache_root=cache_root)
+result = {}
+if case == "peer":
+    spent = [0.0]
+    original = ttnn.from_torch
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+    ttnn.from_torch = timed
+    class PeerSink(WeightSink):
+        def put(self, name, tensor, fmt):
+            self.formats[name] = fmt
+            ttnn.as_tensor(tensor, dtype=fmt.dtype, layout=fmt.layout, cache_file_name=os.path.join(cache_root, name))
+    t0 = time.perf_counter()
+    args = loader.make_args(loader.model_config(), None)
+    sink = PeerSink(None, LazyStateDict(CheckpointReader(loader.checkpoint_dir, loader.key_rules)), [])
+    loader.convert(sink, args)
+    result = {"seconds": time.perf_counter() - t0, "from_torch": spent[0], "weights": len(sink.formats)}
+elif case == "load":
+    t0 = time.perf_counter()
+    loaded = loader.load()
+    assert not loaded.warm
+    result = {"seconds": time.perf_counter() - t0, "from_torch": loaded.timings["from_torch"], "weights": len(loaded.weights)}
+elif case == "seed":
+    t0 = time.perf_counter()
+    seeded = loader.seed()
+    assert not seeded.warm and seeded.complete
+    result = {"seconds": time.perf_counter() - t0, "weights": seeded.files}
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+CASES = ("peer", "load", "seed")
+
+
+def run_case(case: str, model: str, precision: str, workdir: Path) -> dict:
+    cache_root = workdir / f"cache-{case}"
+    shutil.rmtree(cache_root, ignore_errors=True)
+    cache_root.mkdir(parents=True)
+    for file in Path(model).glob("*.safetensors"):  # page cache warm for every case alike
+        subprocess.run(["cat", str(file.resolve())], stdout=subprocess.DEVNULL, check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD, case, model, precision, str(cache_root)], env=env, cwd=REPO,
+                          capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{case} failed:\n{proc.stderr[-3000:]}")
+    shutil.rmtree(cache_root, ignore_errors=True)
+    return json.loads(lines[-1][7:])
+
+
+def resolve_model(name: str, workdir: Path) -> str:
+    if name == "gemma3-270m":
+        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+
+        return str(prepare_gemma3_270m())
+    if name == "llama-0.6gb":
+        from tests.ttnn.helpers.llama_shaped import make_in_child
+
+        return str(make_in_child(workdir / "llama-0.6gb", 4))
+    return name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["gemma3-270m", "llama-0.6gb"])
+    parser.add_argument("--precision", nargs="+", default=["bfloat8_b"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-peer"))
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_peer_loop.json")
+    parser.add_argument("--keep", action="store_true", help="keep the made checkpoints in --workdir")
+    opts = parser.parse_args()
+    report = {}
+    try:
+        for name in opts.models:
+            model = resolve_model(name, opts.workdir)
+            for precision in opts.precision:
+                samples: dict[str, list[dict]] = {case: [] for case in CASES}
+                for _ in range(opts.repeat):
+                    for case in CASES:
+                        samples[case].append(run_case(case, model, precision, opts.workdir))
+                med = {case: {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "weights"}
+                       for case, rows in samples.items()}
+                report[f"{name} {precision}"] = {"samples": samples, "medians": med}
+                print_table(name, precision, med)
+    finally:
+        if not opts.keep:
+            shutil.rmtree(opts.workdir / "llama-0.6gb", ignore_errors=True)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(report, indent=2))
+    plot(report, opts.out.with_suffix(".png"))
+
+
+def print_table(name: str, precision: str, med: dict) -> None:
+    peer, floor = med["peer"]["seconds"], med["peer"]["from_torch"]
+    print(f"\n### {name}, {precision} (median of rounds, {os.cpu_count()} cores)")
+    print("| case | seconds | x peer loop | x peer's summed from_torch |\n| --- | --- | --- | --- |")
+    print(f"| peer loop (as_tensor per weight) | {peer:.3f} | 1.00x | {peer / floor:.2f}x |")
+    print(f"| peer's summed ttnn.from_torch | {floor:.3f} | {floor / peer:.2f}x | 1.00x |")
+    for case, label in (("load", "project cold load()"), ("seed", "project seed() (streaming)")):
+        s = med[case]["seconds"]
+        print(f"| {label} | {s:.3f} | {s / peer:.2f}x | {s / floor:.2f}x |")
+    print(f"| (project load()'s own summed from_torch) | {med['load']['from_torch']:.3f} | | |")
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(report)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    series = [("peer's from_torch", lambda m: m["peer"]["from_torch"]), ("peer loop", lambda m: m["peer"]["seconds"]),
+              ("project load()", lambda m: m["load"]["seconds"]), ("project seed()", lambda m: m["seed"]["seconds"])]
+    width = 0.8 / len(series)
+    for i, (name, get) in enumerate(series):
+        values = [get(report[label]["medians"]) for label in labels]
+        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))], values, width, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("cold build seconds (median)")
+    ax.set_title("cold build: project vs upstream-style peer loop")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path} and {path.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Seeding at scale: throughput and peak RSS against checkpoint size, side by side in one run.
+
+    python scripts/bench_seeding.py                                 # 0.6 / 1.6 / 2.5 GB, bfloat16
+    python scripts/bench_seeding.py --sizes 0.6 --precision bfloat8_b
+
+For each llama-shaped checkpoint (made here, deleted after) and each way of seeding, a fresh
+process (imports excluded from the clock, checkpoint pages warmed with ``cat`` first):
+
+* ``cold load()``: today's cold build, every converted weight kept (``WeightLoader.load()``);
+* ``stream``: the single-process streaming seed (``WeightLoader.seed()``);
+* ``ray 1`` / ``ray 2``: :func:`models.seeding.ray_seed.seed_on_ray` on a local Ray instance of
+  1 and 2 workers. Ray's fixed cost (``ray.init`` and the workers' imports) is reported apart;
+  throughput counts only the conversion (tasks submitted to marked).
+
+Peak RSS is each process's own ``VmHWM`` (the Ray driver's; its workers are separate processes,
+each bounded like the streaming seed). Throughput is MiB of checkpoint per second. Writes JSON
+and a PNG next to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.ttnn.helpers.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
+
+MODES = {"cold load()": "load", "stream": "seed", "ray 1": "ray:1", "ray 2": "ray:2"}
+
+
+def run(mode: str, checkpoint: Path, precision: str, cache_root: Path) -> dict:
+    shutil.rmtree(cache_root, ignore_errors=True)
+    subprocess.run(["cat", str(checkpoint / "model.safetensors")], stdout=subprocess.DEVNULL, check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    proc = subprocess.run([sys.executable, "-m", "tests.ttnn.helpers.seed_child", mode, str(checkpoint), precision,
+                           str(cache_root)], cwd=REPO, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    shutil.rmtree(cache_root, ignore_errors=True)
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", type=float, default=[0.6, 1.6, 2.5], choices=sorted(LAYERS_FOR_GB))
+    parser.add_argument("--precision", default="bfloat16")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-seeding"))
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_seeding.json")
+    opts = parser.parse_args()
+    rows = []
+    try:
+        for size in opts.sizes:
+            checkpoint = make_in_child(opts.workdir / f"llama-{size}gb", LAYERS_FOR_GB[size])
+            mib = (checkpoint / "model.safetensors").stat().st_size / 2**20
+            for label in opts.modes:
+                report = run(MODES[label], checkpoint, opts.precision, opts.workdir / "cache")
+                timings = report.get("timings") or {}
+                fixed = timings.get("ray_start", 0.0) + timings.get("workers_ready", 0.0)
+                work = report["seconds"] - fixed
+                rows.append({"size_gb": size, "checkpoint_mib": mib, "mode": label, "seconds": report["seconds"],
+                             "fixed_seconds": fixed, "work_seconds": work, "mib_per_s": mib / work,
+                             "peak_mib": report["peak"] / 2**20, "import_peak_mib": report["import_peak"] / 2**20,
+                             "timings": timings})
+                print(f"{size} GB {label}: {work:.1f} s ({mib / work:.0f} MiB/s) + fixed {fixed:.1f} s, "
+                      f"peak {report['peak'] / 2**20:.0f} MiB", flush=True)
+            shutil.rmtree(checkpoint)
+    finally:
+        shutil.rmtree(opts.workdir, ignore_errors=True)
+    print_tables(rows, opts.precision)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps({"precision": opts.precision, "cores": os.cpu_count(), "rows": rows}, indent=2))
+    plot(rows, opts.out.with_suffix(".png"), opts.precision)
+
+
+def print_tables(rows: list[dict], precision: str) -> None:
+    print(f"\n### Seeding llama-shaped checkpoints to {precision} ({os.cpu_count()} cores, one round)")
+    print("| checkpoint | mode | MiB/s (fixed cost excluded) | fixed cost s | total s | peak RSS MiB (import) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['checkpoint_mib']:.0f} MiB | {r['mode']} | {r['mib_per_s']:.0f} | {r['fixed_seconds']:.1f} | "
+              f"{r['seconds']:.1f} | {r['peak_mib']:.0f} ({r['import_peak_mib']:.0f}) |")
+    by = {(r["size_gb"], r["mode"]): r for r in rows}
+    print("\n| checkpoint | ray 2 / stream throughput | ray 1 / stream | stream peak / cold load() peak |")
+    print("| --- | --- | --- | --- |")
+    for size in sorted({r["size_gb"] for r in rows}):
+        stream = by.get((size, "stream"))
+        if not stream:
+            continue
+        cells = [f"{by[(size, m)]['mib_per_s'] / stream['mib_per_s']:.2f}x" if (size, m) in by else "-" for m in ("ray 2", "ray 1")]
+        cold = by.get((size, "cold load()"))
+        cells.append(f"{stream['peak_mib']:.0f} / {cold['peak_mib']:.0f} MiB" if cold else "-")
+        print(f"| {stream['checkpoint_mib']:.0f} MiB | " + " | ".join(cells) + " |")
+
+
+def plot(rows: list[dict], path: Path, precision: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["checkpoint_mib"])
+        sizes = [r["checkpoint_mib"] / 1024 for r in mine]
+        left.plot(sizes, [r["peak_mib"] for r in mine], marker="o", label=mode)
+        right.plot(sizes, [r["mib_per_s"] for r in mine], marker="o", label=mode)
+    imports = [r["import_peak_mib"] for r in rows]
+    left.axhline(sum(imports) / len(imports), color="gray", linestyle=":", label="after imports")
+    left.set_xlabel("checkpoint GiB")
+    left.set_ylabel("peak RSS MiB (VmHWM)")
+    left.set_title("peak RSS vs checkpoint size")
+    right.set_xlabel("checkpoint GiB")
+    right.set_ylabel("MiB/s of checkpoint (fixed cost excluded)")
+    right.set_title(f"seeding throughput ({precision}, {os.cpu_count()} cores)")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path} and {path.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
