@@ -42,6 +42,7 @@ from loguru import logger  # noqa: E402
 from models.common import prefill_cache as pc  # noqa: E402
 from models.common.prefill_cache import sidecar as pc_sidecar  # noqa: E402
 from models.common.fileio import write_all  # noqa: E402
+from models.common.measure import peak_rss_mib  # noqa: E402
 from tests.ttnn.helpers.prefill_factories import row  # noqa: E402
 
 MIB = 1 << 20
@@ -229,6 +230,7 @@ def main() -> None:
     print(f"| `store_batch_boundary`, 64 rows of 16 KiB | {med(batch['batch']) * 1e3:.1f} ms | "
           f"**{med(batch['singles']) / med(batch['batch']):.1f}x** faster than singles |")
     print(f"| 64 x `store_boundary`, same rows | {med(batch['singles']) * 1e3:.1f} ms | |")
+    print(f"| peak RSS of this benchmark process (own VmHWM) | {peak_rss_mib():.0f} MiB | |")
     print("\nIn-memory hits (`BaseForwardCache.lookup`), protected against in-place changes:\n")
     print("| entry | hit as read-only views | hit as private copies | copies / views | "
           "`log_softmax` on a view / on a plain tensor |")
@@ -246,6 +248,7 @@ def main() -> None:
             "read": med(io["read"]), "batch64": med(batch["batch"]), "singles64": med(batch["singles"]),
         },
         "hit_protection": hits,
+        "peak_rss_mib": peak_rss_mib(),
     }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

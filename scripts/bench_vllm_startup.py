@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _bench_output import DEFAULT_OUT_DIR, write_json
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = REPO_ROOT / "scripts" / "offline_inference_tt.py"
-BENCH_DIR = REPO_ROOT / "docs" / "bench"
 PROMPT = "The capital of France is"
 PHASES = ["import", "engine", "weights", "read-back", "first token"]
 
@@ -135,8 +136,8 @@ def main() -> int:
     parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "tt-bench-vllm")
-    parser.add_argument("--json", type=Path, default=BENCH_DIR / "bench_vllm_startup.json")
-    parser.add_argument("--png", type=Path, default=BENCH_DIR / "bench_vllm_startup.png")
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT_DIR / "bench_vllm_startup.json")
+    parser.add_argument("--png", type=Path, default=DEFAULT_OUT_DIR / "bench_vllm_startup.png")
     opts = parser.parse_args()
     if opts.rounds < 1:
         parser.error("--rounds must be >= 1")
@@ -158,9 +159,8 @@ def main() -> int:
     print(f"Gemma 3 270M, {opts.precision}, median of {opts.rounds} fresh processes per case\n")
     print_table(results)
     report: dict[str, Any] = {"model": str(snapshot), "precision": opts.precision, "rounds": rounds, "medians": results}
-    opts.json.parent.mkdir(parents=True, exist_ok=True)
+    write_json(opts.json, report)
     opts.png.parent.mkdir(parents=True, exist_ok=True)
-    opts.json.write_text(json.dumps(report, indent=2) + "\n")
     plot(results, opts.png)
     print(f"\nwrote {opts.json} and {opts.png}")
     return 0

@@ -312,7 +312,7 @@ def _killed_writer_debris(sidecar: FrozenBackboneFeatureSidecar, features) -> No
     sidecar.paths.root.mkdir(parents=True, exist_ok=True)
     for partial, payload in zip(sidecar.paths.partials, staged.payloads, strict=True):
         partial.write_bytes(payload)
-    (sidecar.paths.root / ".manifest.json.tmp.999999.1.abcd").write_bytes(b"{")
+    (sidecar.paths.root / ".manifest.json.tmp.999999.1.abcd0123").write_bytes(b"{")
 
 
 def test_gc_removes_dead_writers_debris_and_spares_a_live_writer_in_another_pid_namespace(tmp_path):
@@ -554,7 +554,7 @@ def test_a_hit_may_be_copied_into_the_consumers_own_tensors():
 def test_a_store_that_finds_its_object_removes_dead_writers_leftovers(tmp_path):
     sidecar, features = row(tmp_path, 1)
     sidecar.store_boundary(features)
-    leftovers = [*sidecar.paths.partials[:2], sidecar.paths.root / ".manifest.json.tmp.1.2.abcd"]
+    leftovers = [*sidecar.paths.partials[:2], sidecar.paths.root / ".manifest.json.tmp.1.2.abcd0123"]
     for path in leftovers:
         path.write_bytes(b"left by a killed writer")
     assert same_bytes(sidecar.store_boundary(features), features)
