@@ -81,7 +81,7 @@ from models.common.weight_cache import (
 )
 
 CACHE_ROOT_ENV = "TT_CACHE_PATH"
-STREAM_PENDING_BYTES = 256 << 20  # a streaming seed's converted weights waiting for the writer, at most
+STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
 CHECKPOINT_STAMPS_DIR = ".checkpoint-stamps"
 WARM_LOAD_ATTEMPTS = 3  # a generation retired between gate and lease: read the newer marker
 
