@@ -195,8 +195,8 @@ class WeightLoader(ABC):
         cache_dir: str | os.PathLike | None = None,
         prefetch: int | None = None,
     ) -> None:
-        """``prefetch``: threads reading a warm cache's files ahead of use (0: none; default
-        ``$TT_PREFETCH_THREADS`` or 4), see :mod:`models.common.prefetch`."""
+        """``prefetch``: threads reading a warm cache's files ahead of use (default
+        ``$TT_PREFETCH_THREADS``, else 0: off), see :mod:`models.common.prefetch`."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
