@@ -16,13 +16,14 @@ Cases (median of ``--repeat`` rounds, run round-robin so machine noise hits all 
 * ``warm process``: a whole ``python`` process doing a warm start (imports included).
 * ``transformers``: ``AutoModelForCausalLM.from_pretrained`` of the same checkpoint (bf16).
 * ``cat``: ``cat`` of the cache files to /dev/null: the raw read, the physical floor.
-Peak RSS is each process's ``ru_maxrss``. Page cache is warm for every case.
+Peak RSS is each case process's own ``VmHWM`` (``models.common.measure``; ``ru_maxrss`` would carry
+this script's peak into every child). Page cache is warm for every case. Results also go to
+``--out-dir`` as ``bench_loader-<model>.json`` and a PNG chart (cold vs warm vs transformers vs cat).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -32,12 +33,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
+
+from models.common.measure import run_measured  # noqa: E402
+
 PY = sys.executable
 FAMILIES = {"llama": "models.llama:LlamaLoader", "gemma3": "models.gemma:Gemma3Loader",
             "qwen3": "models.qwen3:Qwen3Loader", "qwen3_moe": "models.qwen3:Qwen3MoeLoader"}
 
 CASE = r"""
-import json, mmap, os, resource, sys, time
+import mmap, os, sys, time
 t0 = time.perf_counter()
 case, family, model, precision, mesh = sys.argv[1:6]
 result = {}
@@ -77,21 +84,15 @@ else:
     result["cache_bytes"] = cache_bytes(loaded.cache_dir)
     result["cache_dir"] = str(loaded.cache_dir)
 result["process"] = time.perf_counter() - t0
-result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print("RESULT" + json.dumps(result))
+from models.common.measure import report
+report(result)  # adds this process's own peak RSS (VmHWM)
 """
 
 
 def run_case(case: str, family: str, model: str, precision: str, mesh: str, env: dict[str, str]) -> dict:
-    start = time.perf_counter()
-    proc = subprocess.run([PY, "-c", CASE, case, FAMILIES[family], model, precision, mesh], env=env, cwd=REPO,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"case {case} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1][6:])
-    result["wall"] = wall
+    """One case in a fresh interpreter; ``wall`` is the whole process, ``rss_mib`` its own peak RSS."""
+    result = run_measured([PY, "-c", CASE, case, FAMILIES[family], model, precision, mesh], env=env, cwd=REPO)
+    result["wall"], result["rss_mib"] = result.pop("process_s"), result.pop("peak_rss_mib")
     return result
 
 
@@ -139,7 +140,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers of the synthetic llama")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "tt-bench-loader")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help="where bench_loader-<model>.json and its PNG go (default: %(default)s)")
     opts = parser.parse_args()
 
     if opts.model == "llama-synthetic":
@@ -168,8 +170,27 @@ def main() -> None:
             samples.setdefault("cat", []).append({"inner": cat_seconds(samples["warm_lazy"][-1]["cache_dir"])})
         report[precision] = summarize(samples)
         print_table(precision, report[precision])
-    if opts.json:
-        opts.json.write_text(json.dumps(report, indent=2))
+    label = opts.model if opts.model in ("llama-synthetic", "gemma3-270m") else Path(opts.model).name
+    write_output(opts.out_dir, label, {"model": model, "family": family, "mesh": opts.mesh, "rounds": opts.repeat,
+                  "checkpoint_bytes": weights, "precisions": report})
+
+
+def write_output(out_dir: Path, label: str, results: dict) -> None:
+    """JSON of every median, and two charts per model: seconds (cold vs warm vs transformers vs
+    cat, log scale) and each case process's peak RSS, grouped by precision."""
+    seconds, rss = {}, {}
+    for precision, r in results["precisions"].items():
+        seconds[precision] = {"cold build": r["cold"]["inner"], "warm, pages read": r["warm_pages"]["inner"],
+                              "warm, bytes copied": r["warm_bytes"]["inner"],
+                              "transformers from_pretrained": r["transformers"]["inner"], "cat of the cache": r["cat"]["inner"]}
+        rss[precision] = {"bare import torch, ttnn": r["import"]["rss_mib"], "cold build": r["cold"]["rss_mib"],
+                          "warm + pages": r["warm_pages"]["rss_mib"], "transformers": r["transformers"]["rss_mib"]}
+    title = f"{label}, mesh {results['mesh']}: median of {results['rounds']}, page cache warm"
+    write_results(out_dir, f"bench_loader-{label}", results, {
+        "": dict(groups=seconds, title=f"load time, {title}", ylabel="seconds (log scale)", log=True),
+        "rss": dict(groups=rss, title=f"peak RSS of each process (own VmHWM), {label}", ylabel="MiB",
+                    value_format="{:.0f}"),
+    })
 
 
 def summarize(samples: dict[str, list[dict]]) -> dict[str, dict[str, float]]:

@@ -8,17 +8,22 @@ Measures, interleaved in one run so that a noisy machine hits both sides of ever
   lookups (validation proof reused: four ``stat`` calls and three ``mmap``s);
 * ``store_batch_boundary`` of 64 rows against 64 ``store_boundary`` calls;
 * bytes/s of ``store_boundary`` and of a first lookup against the physical limit: a plain
-  ``write`` + ``fsync`` and a plain ``read`` of the same bytes.
+  ``write`` + ``fsync`` and a plain ``read`` of the same bytes;
+* the in-memory tier's protection of hits against in-place changes: a hit served as read-only
+  views (what ``BaseForwardCache`` does) against a hit served as private copies, for entries of
+  64 KiB to 64 MiB, plus what a view costs its consumer per torch operation.
 
 Files are in the page cache for both a first lookup and the plain read (dropping caches needs
 root); the benchmark compares like with like. Usage::
 
-    .venv/bin/python scripts/bench_prefill_cache.py [--dir /path/on/the/disk] [--repeats 15]
+    .venv/bin/python scripts/bench_prefill_cache.py [--dir /path/on/the/disk] [--repeats 15] \
+        [--json docs/bench_prefill_cache.json] [--png docs/bench_prefill_cache.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -30,10 +35,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from loguru import logger  # noqa: E402
 
 from models.common import prefill_cache as pc  # noqa: E402
+from models.common.prefill_cache import sidecar as pc_sidecar  # noqa: E402
 from models.common.fileio import write_all  # noqa: E402
+from models.common.measure import peak_rss_mib  # noqa: E402
 from tests.ttnn.helpers.prefill_factories import row  # noqa: E402
 
 MIB = 1 << 20
@@ -86,7 +95,7 @@ def bench_store_and_first_lookup(root: Path, repeats: int, ids: Counter) -> dict
         samples["store"].append(timed(lambda: sidecar.store_boundary(features)))
         payload = b"".join(path.read_bytes() for path in sidecar.paths.artifacts)
         samples["write_fsync"].append(timed(lambda: plain_write_fsync(root / f"plain-{index}.bin", payload)))
-        pc._clear_validation_proofs()
+        pc_sidecar._clear_validation_proofs()
         samples["first_lookup"].append(timed(sidecar.lookup_boundary))
         samples["read"].append(timed(lambda: plain_read(sidecar.paths.artifacts)))
     return samples
@@ -96,10 +105,10 @@ def bench_hot_lookup(root: Path, repeats: int, ids: Counter) -> tuple[list[float
     (index,) = ids.take(1)
     sidecar, features = row(root, index, **BIG)
     sidecar.store_boundary(features)
-    time.sleep(pc._RACY_WINDOW_NS / 1e9 + 0.1)  # proofs are kept only for settled files
+    time.sleep(pc_sidecar._RACY_WINDOW_NS / 1e9 + 0.1)  # proofs are kept only for settled files
     first, later = [], []
     for _ in range(repeats):
-        pc._clear_validation_proofs()
+        pc_sidecar._clear_validation_proofs()
         first.append(timed(sidecar.lookup_boundary))
         later.extend(timed(sidecar.lookup_boundary) for _ in range(10))
     return first, later, object_bytes(sidecar)
@@ -118,6 +127,69 @@ def bench_batch(root: Path, repeats: int, ids: Counter, rows: int = 64) -> dict[
     return samples
 
 
+HIT_SIZES = {"64 KiB": (1, 16, 1024), "4 MiB": (1, 64, 16384), "64 MiB": (1, 256, 65536)}  # fp32 logits
+
+
+def _entry(logits_shape: tuple[int, ...]) -> pc.BaseForwardCacheEntry:
+    hidden = torch.randn(1, logits_shape[1], 640)
+    return pc.BaseForwardCacheEntry.from_forward_boundary(
+        hidden=hidden, logits=torch.randn(*logits_shape), parent_context_hidden=hidden,
+        parent_expert_routes=torch.zeros(1, 1, dtype=torch.long), parent_layer_routes=torch.zeros(1, 1),
+        kv_prefix_positions=torch.arange(1), kv_new_positions=torch.arange(logits_shape[1]),
+        parent_prefill_hidden=None, parent_prefill_input_positions=None, sha16="bench",
+    )
+
+
+def bench_hit_protection(repeats: int) -> dict[str, dict[str, float]]:
+    """Median seconds per hit: read-only views vs private copies; and one log_softmax on a view
+    vs on a plain tensor (the per-operation cost a view adds for its consumer)."""
+    results = {}
+    for label, shape in HIT_SIZES.items():
+        cache = pc.BaseForwardCache(capacity=2)
+        cache.store("k", _entry(shape))
+        stored = cache._entries["k"]
+        view_s, copy_s, op_view_s, op_plain_s = [], [], [], []
+        for _ in range(repeats):
+            view_s.append(timed(lambda: cache.lookup("k")))
+            copy_s.append(timed(lambda: stored._mapped(lambda t: t.as_subclass(torch.Tensor).clone())))
+            hit = cache.lookup("k")
+            plain = hit.logits.clone()
+            op_view_s.append(timed(lambda: F.log_softmax(hit.logits, dim=-1)))
+            op_plain_s.append(timed(lambda: F.log_softmax(plain, dim=-1)))
+        med = statistics.median
+        results[label] = dict(entry_bytes=stored.nbytes, view_s=med(view_s), copy_s=med(copy_s),
+                              op_on_view_s=med(op_view_s), op_on_plain_s=med(op_plain_s))
+    return results
+
+
+def write_png(path: Path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    med = report["medians_s"]
+    labels = ["first lookup", "later lookup", "store 1 MiB", "write+fsync"]
+    values = [med["first_lookup"], med["later_lookup"], med["store"], med["write_fsync"]]
+    left.bar(labels, [v * 1e3 for v in values], color=["#4477aa", "#66ccee", "#228833", "#bbbbbb"])
+    left.set_yscale("log")
+    left.set_ylabel("ms (median, log scale)")
+    left.set_title("durable tier, 1 MiB object")
+    hits = report["hit_protection"]
+    sizes = list(hits)
+    xs = range(len(sizes))
+    right.plot(xs, [hits[s]["copy_s"] * 1e6 for s in sizes], "o-", label="hit as private copies")
+    right.plot(xs, [hits[s]["view_s"] * 1e6 for s in sizes], "o-", label="hit as read-only views")
+    right.set_xticks(list(xs), sizes)
+    right.set_yscale("log")
+    right.set_ylabel("us per hit (median, log scale)")
+    right.set_title("in-memory tier: protecting a hit")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def mib_per_s(size: int, seconds: float) -> str:
     return f"{size / seconds / MIB:,.0f} MiB/s"
 
@@ -126,6 +198,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir in /tmp)")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--png", type=Path, help="also plot them here")
     args = parser.parse_args()
     logger.remove()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-prefill-") as temp:
@@ -135,6 +209,7 @@ def main() -> None:
         first, later, size = bench_hot_lookup(root, args.repeats, ids)
         io = bench_store_and_first_lookup(root, args.repeats, ids)
         batch = bench_batch(root, max(3, args.repeats // 3), ids)
+    hits = bench_hit_protection(args.repeats)
     med = statistics.median
     print(f"object: {size:,} bytes of features ({size / MIB:.3f} MiB); median of {args.repeats} runs\n")
     print("| measurement | median | ratio |")
@@ -155,6 +230,30 @@ def main() -> None:
     print(f"| `store_batch_boundary`, 64 rows of 16 KiB | {med(batch['batch']) * 1e3:.1f} ms | "
           f"**{med(batch['singles']) / med(batch['batch']):.1f}x** faster than singles |")
     print(f"| 64 x `store_boundary`, same rows | {med(batch['singles']) * 1e3:.1f} ms | |")
+    print(f"| peak RSS of this benchmark process (own VmHWM) | {peak_rss_mib():.0f} MiB | |")
+    print("\nIn-memory hits (`BaseForwardCache.lookup`), protected against in-place changes:\n")
+    print("| entry | hit as read-only views | hit as private copies | copies / views | "
+          "`log_softmax` on a view / on a plain tensor |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, h in hits.items():
+        print(f"| {label} logits ({h['entry_bytes'] / MIB:.2f} MiB in all) | {h['view_s'] * 1e6:.1f} us | "
+              f"{h['copy_s'] * 1e6:.1f} us | **{h['copy_s'] / h['view_s']:.1f}x** | "
+              f"{h['op_on_view_s'] * 1e6:.1f} / {h['op_on_plain_s'] * 1e6:.1f} us |")
+    report = {
+        "object_bytes": size,
+        "repeats": args.repeats,
+        "medians_s": {
+            "first_lookup": med(first), "later_lookup": med(later), "store": med(io["store"]),
+            "write_fsync": med(io["write_fsync"]), "first_lookup_io": med(io["first_lookup"]),
+            "read": med(io["read"]), "batch64": med(batch["batch"]), "singles64": med(batch["singles"]),
+        },
+        "hit_protection": hits,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    if args.png:
+        write_png(args.png, report)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@
 3. Content-digest throughput: ``content_digest_file`` (BLAKE3) vs a plain read of the same file
    (page cache warm), and the digest's cost next to a real cold conversion of one 4096x4096 weight.
 
+Memory figures come from ``models.common.measure`` (``VmRSS`` / ``VmHWM`` of the measuring process).
+Results also go to ``--out-dir`` as ``bench_weight_cache.json`` and PNG charts.
+
 usage: .venv/bin/python scripts/bench_weight_cache.py [--files 10000] [--keys 1000] [--digest-mib 512]
 """
 
@@ -18,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +31,13 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
+from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
 import models  # noqa: E402,F401  (mock cluster before ttnn)
 from models.common import weight_cache as wc  # noqa: E402
 from models.common.fileio import HASH_BLOCK_BYTES, content_digest_file  # noqa: E402
+from models.common.measure import peak_rss_mib, rss_bytes, run_measured  # noqa: E402
 
 GATE_TARGET_MS = 50.0
 RSS_TARGET_BYTES = 1 << 20
@@ -84,7 +86,7 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
 
 
 GATE_PROBE = r"""
-import json, statistics, sys, time
+import statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import models
 from models.common.weight_cache import weight_cache_status
@@ -107,19 +109,15 @@ for _ in range(repeats):
     for path in paths:
         os.stat(path)
     floor.append((time.perf_counter() - start) * 1e3)
-print(json.dumps({"first_ms": first_ms, "median_ms": statistics.median(times), "max_ms": max(times),
-                  "stat_floor_ms": statistics.median(floor)}))
+from models.common.measure import report
+report({"first_ms": first_ms, "median_ms": statistics.median(times), "max_ms": max(times),
+        "stat_floor_ms": statistics.median(floor)})
 """
 
 
 def gate_latency(root: Path, count: int, repeats: int) -> dict:
-    probe = subprocess.run(
-        [sys.executable, "-c", GATE_PROBE, str(REPO_ROOT), str(root), str(count // 100), str(repeats)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(probe.stdout.strip().splitlines()[-1])
+    """The gate in a fresh process (its report carries that process's own peak RSS)."""
+    return run_measured([sys.executable, "-c", GATE_PROBE, str(REPO_ROOT), str(root), str(count // 100), str(repeats)])
 
 
 def llama_manifest(keys: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -147,15 +145,14 @@ def touch_all(sd: wc.CachedStateDict) -> int:
 
 
 def placeholder_rss(keys: int) -> dict:
-    process = psutil.Process()
     touch_all(wc.CachedStateDict(llama_manifest(keys), None))  # warm-up: torch's meta dispatch, allocator
     manifest = llama_manifest(keys)  # the marker's data, already in memory on a warm run
     gc.collect()
-    before = process.memory_info().rss
+    before = rss_bytes()
     sd = wc.CachedStateDict(manifest, None)
     would_be = touch_all(sd)
     gc.collect()
-    after = process.memory_info().rss
+    after = rss_bytes()
     return {"keys": len(sd), "added_rss": after - before, "would_be_bytes": would_be}
 
 
@@ -209,6 +206,7 @@ def main() -> int:
     parser.add_argument("--digest-mib", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=50, help="gate calls for the median")
     parser.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir, removed)")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="JSON + PNG go here (default: %(default)s)")
     args = parser.parse_args()
 
     from loguru import logger
@@ -245,12 +243,25 @@ def main() -> int:
          f"{cold['convert_s'] * 1e3:.0f} ms", ""),
         ("digest of that tensorbin", f"{cold['digest_s'] * 1e3:.1f} ms",
          f"{cold['digest_s'] / cold['convert_s'] * 100:.1f}% of the conversion"),
+        ("peak RSS: gate process / this benchmark process (own VmHWM)",
+         f"{gate['peak_rss_mib']:.0f} / {peak_rss_mib():.0f} MiB", ""),
     ]
     print("| measurement | result | target |")
     print("| --- | --- | --- |")
     for what, result, target in rows:
         print(f"| {what} | {result} | {target} |")
     print(f"\n({os.cpu_count()} CPUs visible, torch {torch.__version__}, python {sys.version.split()[0]})")
+    results = {"files": args.files, "gate": gate, "mark_s": mark_s, "placeholders": rss, "digest": digest,
+               "cold_vs_digest": cold, "peak_rss_mib": peak_rss_mib()}
+    write_results(args.out_dir, "bench_weight_cache", results, {
+        "gate": dict(groups={f"gate, {args.files:,} tensorbins": {
+            "first call (fresh process)": gate["first_ms"], "median of later calls": gate["median_ms"],
+            "bare os.stat floor": gate["stat_floor_ms"], "target": GATE_TARGET_MS}},
+            title="weight-cache gate latency", ylabel="ms", value_format="{:.1f}"),
+        "throughput": dict(groups={f"{digest['bytes'] >> 20} MiB file, page cache warm": {
+            "plain read": digest["read_gbs"], "BLAKE3 content digest": digest["digest_gbs"]}},
+            title="digest vs plain read", ylabel="GB/s", value_format="{:.2f}"),
+    })
     return 0
 
 

@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's Python 3.12 virtual environment in .venv.
 # ttnn publishes wheels for CPython 3.10 and 3.12 only. On a ready environment this returns at once:
-# a stamp holds the hash of requirements.txt and setup.py, and a change to either re-runs pip.
+# a stamp holds the hash of requirements.txt and setup.py, and a change to either re-installs.
+#
+# Installs the pinned requirements with uv (itself pinned below and installed from PyPI into the
+# venv): faster than pip here, cold and warm (scripts/bench_setup_env.py, numbers in the README).
+# uv leaves bytecode to the first import of each module (only what is used gets compiled); pip
+# compiles every module at install, which is most of its time here (UV_COMPILE_BYTECODE=1 makes uv
+# do the same, and then it is as slow as pip: see the README).
+# Should uv fail to install or to install the requirements, pip does it instead.
+# TT_INSTALLER=pip (or uv) forces one installer, without fallback.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${TT_VENV:-$root/.venv}"
 stamp="$venv/.setup-stamp"
 want=$(cat "$root/requirements.txt" "$root/setup.py" | sha256sum | cut -d' ' -f1)
+uv_version=0.13.9
+installer="${TT_INSTALLER:-auto}"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import ttnn" >/dev/null 2>&1; then
   exit 0
 fi
+case "$installer" in
+  auto|uv|pip) ;;
+  *) echo "setup_env: TT_INSTALLER must be auto, uv or pip, not '$installer'" >&2; exit 2 ;;
+esac
 
 find_python312() {
   local candidate
@@ -24,11 +38,31 @@ find_python312() {
   return 1
 }
 
+pip_install() {
+  local pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  "${pip[@]}" --upgrade "pip>=24" &&
+    "${pip[@]}" -r "$root/requirements.txt" &&
+    "${pip[@]}" --no-deps --no-build-isolation -e "$root"
+}
+
+uv_install() {
+  local uv=("$venv/bin/uv" pip install --quiet --python "$venv/bin/python")
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$uv_version" &&
+    "${uv[@]}" -r "$root/requirements.txt" &&
+    "${uv[@]}" --no-deps --no-build-isolation -e "$root"
+}
+
 py=$(find_python312) || { echo "setup_env: Python 3.12 is required (ttnn has no wheel for this Python); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
-echo "setup_env: building $venv with $py (first run takes a few minutes: torch and ttnn are large)" >&2
+echo "setup_env: building $venv with $py ($installer; the first run downloads torch and ttnn, about 3 GB)" >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$root"
+case "$installer" in
+  pip) pip_install || { echo "setup_env: pip failed" >&2; exit 1; } ;;
+  uv) uv_install || { echo "setup_env: uv failed (TT_INSTALLER=uv: no fallback)" >&2; exit 1; } ;;
+  auto)
+    if ! uv_install; then
+      echo "setup_env: uv failed; installing with pip instead" >&2
+      pip_install || { echo "setup_env: pip failed too" >&2; exit 1; }
+    fi ;;
+esac
 echo "$want" > "$stamp"
 echo "setup_env: ready ($venv)" >&2

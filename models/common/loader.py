@@ -336,11 +336,11 @@ class WeightLoader(ABC):
             return loaded
         return self._load_cold(args, reason, start)
 
-    def _try_warm(self, args: ModelArgs, start: float, *, forced: bool = False) -> tuple[LoadedModel | None, str]:
+    def _try_warm(self, args: ModelArgs, start: float) -> tuple[LoadedModel | None, str]:
         """A warm build if the gate passes and every file loads as expected, else (None, why)."""
         reason = "generation retired while loading"
         for _ in range(WARM_LOAD_ATTEMPTS):
-            status = self.status(args) if not forced else CacheStatus(False, f"cold build forced by {self.force_env}=1")
+            status = self.status(args)
             if not status.warm:
                 return None, status.reason
             with reader_lease(self.cache_dir, status.marker.generation) as leased:

@@ -47,6 +47,13 @@ class CachedWeights:
             return self.loaded.host_weights[f"{name}.weight"].float()
         return self.columns(name)[0]
 
+    def rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """``full(name)[index]``, gathering before the fp32 conversion for a host-kept table (the
+        same values; Gemma's 262144-row embedding would otherwise be converted whole per call)."""
+        if name not in self.loaded.weights and f"{name}.weight" in self.loaded.host_weights:
+            return self.loaded.host_weights[f"{name}.weight"][index].float()
+        return self.full(name)[index]
+
     def vector(self, name: str) -> torch.Tensor:
         """A norm weight stored as ``[1, 1, n/32, 32]``, flattened."""
         return self.full(name).reshape(-1)
@@ -244,7 +251,7 @@ class ReferenceDecoder:
     # -- the model ------------------------------------------------------------------------------
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.w.full("tok_embeddings")[tokens]
+        x = self.w.rows("tok_embeddings", tokens)
         return x * math.sqrt(self.args.dim) if self.gemma else x
 
     def logits(self, tokens: Sequence[int]) -> torch.Tensor:

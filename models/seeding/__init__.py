@@ -6,14 +6,21 @@
 * :mod:`models.seeding.weights`: the plan of one build (which weights, from which checkpoint
   tensors) and the partitioned conversion that lets several processes share it.
 * :mod:`models.seeding.ray_seed`: that conversion as Ray tasks, on a local Ray instance or a cluster.
+* CI and fleet operations behind ``tt-cache``: :mod:`~models.seeding.plan` (models x meshes x
+  precisions), :mod:`~models.seeding.runner` and :mod:`~models.seeding.worker` (one process per
+  seed, watched by the stall watchdog of :mod:`~models.seeding.progress`),
+  :mod:`~models.seeding.report` (JSON, JUnit), :mod:`~models.seeding.scan`,
+  :mod:`~models.seeding.verify`, :mod:`~models.seeding.gc` and :mod:`~models.seeding.clean`.
+  Those that only read caches import neither torch nor ttnn (keep this package's import light).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from models.seeding.stream import SeedResult
+if TYPE_CHECKING:  # the package import stays light: tt-cache ls/check import submodules of it
+    from models.seeding.stream import SeedResult
 
 
 def seed_models(loaders: Sequence[Any], *, workers: int = 1, address: str | None = None,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from models.common import prefill_cache as pc
+from models.common.prefill_cache import layout, sidecar as sidecar_module
 from models.common.fileio import atomic_write_bytes
 from models.common.prefill_cache import (
     BaseForwardCache,
@@ -242,7 +243,7 @@ def test_store_resumes_from_a_durable_frontier_and_sweeps_debris(tmp_path, monke
     for partial, payload in zip(sidecar.paths.partials, staged.payloads):
         partial.write_bytes(payload)
     atomic_write_bytes(sidecar.paths.progress, json.dumps(sidecar._progress_payload(staged)).encode())
-    debris = sidecar.paths.root / ".manifest.json.tmp.123.abc"
+    debris = sidecar.paths.root / ".manifest.json.tmp.123.abc.deadbeef"
     debris.write_bytes(b"{")
     inodes = [p.stat().st_ino for p in sidecar.paths.partials]
     assert sidecar.progress_boundary()["completedRows"] == 1
@@ -292,7 +293,7 @@ def test_batch_failure_before_renames_leaves_plain_misses(tmp_path, monkeypatch)
     def fail(fds, **kwargs):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(pc, "fsync_fds", fail)
+    monkeypatch.setattr(sidecar_module, "fsync_fds", fail)
     with pytest.raises(OSError, match="disk on fire"):
         FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(rows))
     monkeypatch.undo()
@@ -330,18 +331,18 @@ def test_threads_storing_and_looking_up_the_same_objects(tmp_path):
 @pytest.fixture
 def hash_calls(monkeypatch):
     calls = []
-    real = pc.sha256_file
+    real = layout.sha256_file
 
     def counting(path):
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(pc, "sha256_file", counting)
+    monkeypatch.setattr(layout, "sha256_file", counting)
     return calls
 
 
 def test_proof_is_reused_while_stamps_hold_and_dropped_when_a_file_changes(tmp_path, monkeypatch, hash_calls):
-    monkeypatch.setattr(pc, "_RACY_WINDOW_NS", 0)
+    monkeypatch.setattr(sidecar_module, "_RACY_WINDOW_NS", 0)
     sidecar, features = row(tmp_path, 1)
     sidecar.store_boundary(features)
     time.sleep(0.05)  # step past the coarse file-system clock tick of the writes
@@ -368,16 +369,16 @@ def test_no_proof_is_kept_for_files_changed_within_the_racy_window(tmp_path, has
 
 
 def test_proof_cache_is_bounded_by_entries_and_bytes():
-    stamp = pc._Stamp(1, 2, 0o100644, 3, 0, 0)
-    small = pc._Small(torch.zeros(256, dtype=torch.float32), torch.ones(1, dtype=torch.long))  # 1032 B
-    proofs = pc._ProofCache(capacity=3, byte_budget=2 * small.nbytes)
+    stamp = sidecar_module._Stamp(1, 2, 0o100644, 3, 0, 0)
+    small = sidecar_module._Small(torch.zeros(256, dtype=torch.float32), torch.ones(1, dtype=torch.long))  # 1032 B
+    proofs = sidecar_module._ProofCache(capacity=3, byte_budget=2 * small.nbytes)
     for index in range(3):
         proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
     assert proofs.holds(("m0", "a"), (stamp,)) is None  # evicted by the byte budget
     assert proofs.holds(("m2", "a"), (stamp,)) is small
     assert proofs.holds(("m2", "a"), (stamp._replace(ctime_ns=1),)) is None  # changed: dropped
     assert proofs.holds(("m2", "a"), (stamp,)) is None
-    proofs = pc._ProofCache(capacity=2, byte_budget=1 << 30)
+    proofs = sidecar_module._ProofCache(capacity=2, byte_budget=1 << 30)
     for index in range(3):
         proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
     assert [proofs.holds((f"m{i}", "a"), (stamp,)) is not None for i in range(3)] == [False, True, True]
@@ -447,6 +448,14 @@ def _entry(seed: int, *, optional: bool = True) -> BaseForwardCacheEntry:
     )
 
 
+def _same_entry(x: BaseForwardCacheEntry, y: BaseForwardCacheEntry) -> bool:
+    names = (*BaseForwardCacheEntry._REQUIRED, *BaseForwardCacheEntry._OPTIONAL)
+    pairs = [(getattr(x, name), getattr(y, name)) for name in names]
+    return x.sha16 == y.sha16 and all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in pairs
+    )
+
+
 def test_base_forward_cache_lru_and_telemetry(monkeypatch):
     monkeypatch.delenv(pc.BASE_FORWARD_CACHE_ENV, raising=False)
     cache = BaseForwardCache(capacity=2)
@@ -454,12 +463,12 @@ def test_base_forward_cache_lru_and_telemetry(monkeypatch):
     assert cache.lookup("a") is None
     cache.store("a", a)
     cache.store("b", b)
-    assert cache.lookup("a") is a  # a is now most recent
+    assert _same_entry(cache.lookup("a"), a)  # a is now most recent
     cache.store("c", c)  # evicts b
-    assert cache.lookup("b") is None and cache.lookup("c") is c
+    assert cache.lookup("b") is None and _same_entry(cache.lookup("c"), c)
     assert cache.telemetry_boundary() == {
         "schema": pc.BASE_FORWARD_CACHE_SCHEMA, "enabled": True, "capacity": 2, "entries": 2,
-        "hits": 2, "misses": 2,
+        "hits": 2, "misses": 2, "parentIdentity": None,
     }
     cache.clear()
     assert cache.telemetry_boundary()["entries"] == 0 and cache.hits == 2 and cache.misses == 2

@@ -2,8 +2,12 @@
 """The real Gemma 3 270M, prepared once into a hub-cache snapshot (models.demos.gemma3_270m.prepare).
 
 The shared snapshot lives in the default model root (``$TT_MODEL_DATA``, else ``<repo>/model_data``)
-so later runs and other tests reuse it. Only the crash test converts again, into its own fresh
-root, because it has to: it kills a conversion and checks the next runs finish it exactly once.
+so later runs and other tests reuse it. The crash test converts again, into its own fresh root,
+because it has to: it kills a conversion and checks the next runs finish it exactly once. The
+bit-identity test (slow) converts once more the way the project used to, through transformers.
+
+The GGUF reader and the conversion steps are also tested on tiny GGUF files written here with the
+``gguf`` package's own writer, against the ``gguf`` package's own reader.
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no hub here; everything below reads local files
 
 from models.common.fileio import is_temp_path, sha256_file  # noqa: E402
+from models.demos.gemma3_270m import prepare  # noqa: E402
+from models.demos.gemma3_270m.gguf_file import GgufError, read_gguf  # noqa: E402
 from models.demos.gemma3_270m.prepare import (  # noqa: E402
     EXPECTED_TENSOR_COUNT,
     MANIFEST_NAME,
@@ -36,14 +44,14 @@ from models.demos.gemma3_270m.prepare import (  # noqa: E402
     verify_manifest_digests,
 )
 
-pytestmark = pytest.mark.real_model
+real_model = pytest.mark.real_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The crash lands at a random moment of the first conversion step (the GGUF load), after the
-# preparer has made its temp dir. Later steps would only change what the temp dir holds, which the
-# next run deletes whole either way, and reaching them would cost most of another conversion.
-KILL_STEP = "load + dequantize GGUF ..."
-KILL_WINDOW_S = 8.0
+# The crash lands at a random moment of the longest conversion step (dequantization, 3-6 s here),
+# after the preparer has made its temp dir and written the config into it. Later steps would only
+# change what the temp dir holds, which the next run deletes whole either way.
+KILL_STEP = "dequantize weights ..."
+KILL_WINDOW_S = 1.5
 CONVERSION_TIMEOUT_S = 900
 
 
@@ -122,11 +130,13 @@ def _assert_valid_snapshot(snapshot: Path) -> None:
     assert "lm_head.weight" not in dtypes  # tied to the embedding
 
 
+@real_model
 def test_snapshot_layout(snapshot: Path) -> None:
     _assert_valid_snapshot(snapshot)
     assert gemma3_270m_snapshot() == snapshot
 
 
+@real_model
 def test_hub_cache_resolves_repo_id_offline(snapshot: Path) -> None:
     """The layout is a real hub cache: the repo id resolves to the snapshot files without a network."""
     from huggingface_hub import try_to_load_from_cache
@@ -136,6 +146,7 @@ def test_hub_cache_resolves_repo_id_offline(snapshot: Path) -> None:
     assert resolved is not None and Path(resolved) == snapshot / "config.json"
 
 
+@real_model
 def test_transformers_greedy_completion(snapshot: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,6 +165,7 @@ def test_transformers_greedy_completion(snapshot: Path) -> None:
     print(f"greedy completion: {completion!r}")
 
 
+@real_model
 def test_second_prepare_is_the_fast_path(snapshot: Path) -> None:
     """A second prepare does no work: nothing is rewritten and transformers/torch are never imported."""
     record = snapshot / MANIFEST_NAME
@@ -190,6 +202,7 @@ def test_unprepared_root_reports_none_and_bad_root_is_refused(tmp_path: Path) ->
         prepare_gemma3_270m(not_a_dir)
 
 
+@real_model
 def test_torn_gguf_is_assembled_again(tmp_path: Path) -> None:
     """A torn .gguf (what the package's in-place ``assemble()`` leaves when killed) and a dead
     writer's temp are replaced by a complete, digest-checked file. Runs with its own HOME so the
@@ -216,6 +229,7 @@ def test_torn_gguf_is_assembled_again(tmp_path: Path) -> None:
     assert not [entry for entry in cache.iterdir() if is_temp_path(entry)]
 
 
+@real_model
 def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snapshot: Path) -> None:
     """SIGKILL a conversion at a random moment, then start two preparers at once: the stale temp dir
     is removed, the conversion runs once (the other preparer waits on the lock and finds it done),
@@ -257,3 +271,171 @@ def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snaps
     fresh, shared = read_manifest(resumed)["files"], read_manifest(snapshot)["files"]
     for name in (WEIGHTS_NAME, "config.json"):
         assert fresh[name] == shared[name], name
+
+
+# ---------------------------------------------------------------------------------------------
+# Bit identity with the transformers conversion this prepare replaced
+# ---------------------------------------------------------------------------------------------
+
+@real_model
+@pytest.mark.slow
+def test_prepared_files_are_bit_identical_to_the_transformers_conversion(tmp_path: Path, snapshot: Path) -> None:
+    """Every file of the snapshot (weights, config, generation config, tokenizer) equals, byte for
+    byte, what transformers' own GGUF loader and ``save_pretrained`` write from the same GGUF."""
+    gguf_path = prepare.assemble_gguf(gguf_source())
+    reference = tmp_path / "transformers"
+    subprocess.run([sys.executable, "-m", "models.demos.gemma3_270m.transformers_recipe", str(gguf_path), str(reference)],
+                   cwd=REPO_ROOT, env=_env(), check=True, timeout=CONVERSION_TIMEOUT_S)
+    ours = sorted(path.name for path in snapshot.iterdir() if path.name != MANIFEST_NAME)
+    assert ours == sorted(path.name for path in reference.iterdir())
+    for name in ours:
+        assert sha256_file(snapshot / name) == sha256_file(reference / name), name
+
+
+# ---------------------------------------------------------------------------------------------
+# The GGUF reader and the conversion steps, on tiny GGUF files written by the gguf package
+# ---------------------------------------------------------------------------------------------
+
+TINY_VOCAB = 2000  # longer than gguf_file.LONG_ARRAY: the reader skips it unless asked
+
+
+def _write_tiny_gguf(path: Path, *, arch: str = "gemma3", extra_tensor: str | None = None) -> None:
+    """A small Gemma-3-named GGUF with the storage types of the real file (Q8_0, Q5_0, Q4_K, Q6_K,
+    F32), written by ``gguf.GGUFWriter``."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(256)
+    writer.add_string("general.name", "tiny")
+    writer.add_array("general.tags", ["a", "b"])
+    writer.add_token_list([f"tok{i}" for i in range(TINY_VOCAB)])
+    writer.add_token_scores([float(-i) for i in range(TINY_VOCAB)])
+    writer.add_layer_norm_rms_eps(1e-6)
+    layout = {
+        "token_embd.weight": (gguf.GGMLQuantizationType.Q8_0, (64, 256)),
+        "blk.0.attn_q.weight": (gguf.GGMLQuantizationType.Q5_0, (128, 256)),
+        "blk.0.attn_output.weight": (gguf.GGMLQuantizationType.Q4_K, (256, 512)),
+        "blk.0.ffn_down.weight": (gguf.GGMLQuantizationType.Q6_K, (256, 256)),
+        "blk.0.attn_norm.weight": (gguf.GGMLQuantizationType.F32, (256,)),
+        "output_norm.weight": (gguf.GGMLQuantizationType.F32, (256,)),
+    }
+    if extra_tensor:
+        layout[extra_tensor] = (gguf.GGMLQuantizationType.F32, (32,))
+    for name, (qtype, shape) in layout.items():
+        if qtype in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
+            # gguf cannot quantize k-quants: random blocks, bytes < 64 so every float16 scale is finite
+            raw = rng.integers(0, 64, gguf.quant_shape_to_byte_shape(shape, qtype), dtype=np.uint8)
+        else:
+            raw = gguf.quantize(rng.standard_normal(shape, dtype=np.float32) + ("norm" in name), qtype)
+        writer.add_tensor(name, raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path)
+    return path
+
+
+def test_reader_matches_the_gguf_package(tiny_gguf: Path) -> None:
+    """Metadata, tensor types, shapes and dequantized values equal ``gguf.GGUFReader``'s."""
+    import gguf
+
+    ours = read_gguf(tiny_gguf, keep_arrays=("tokenizer.ggml.tokens",))
+    theirs = gguf.GGUFReader(str(tiny_gguf))
+    assert ours.metadata["general.architecture"] == "gemma3"
+    assert ours.metadata["general.tags"] == ["a", "b"]
+    assert ours.metadata["tokenizer.ggml.tokens"] == theirs.fields["tokenizer.ggml.tokens"].contents()
+    assert ours.metadata["tokenizer.ggml.scores"] == TINY_VOCAB  # long array, not asked for: its length
+    for key, field in theirs.fields.items():
+        if not key.startswith("GGUF.") and key not in ("tokenizer.ggml.scores", "tokenizer.ggml.tokens"):
+            assert ours.metadata[key] == pytest.approx(field.contents()), key
+    assert list(ours.tensors) == [tensor.name for tensor in theirs.tensors]
+    for tensor in theirs.tensors:
+        mine = ours.tensors[tensor.name]
+        assert mine.qtype == tensor.tensor_type
+        assert mine.shape == tuple(reversed(tensor.shape.tolist()))
+        expected = gguf.dequantize(tensor.data, tensor.tensor_type).reshape(mine.shape)
+        assert np.array_equal(mine.dequantize(), expected), tensor.name
+
+
+def test_chunked_conversion_equals_whole_tensor_conversion(tiny_gguf: Path, monkeypatch) -> None:
+    """Row chunks on threads give the bits of one whole-tensor conversion (float32, norms minus 1, bf16),
+    computed here from ``gguf.GGUFReader``; names follow the HF Gemma 3 layout."""
+    import gguf
+    import torch
+
+    monkeypatch.setattr(prepare, "CHUNK_BYTES", 4096)  # many chunks per tensor
+    converted = prepare.dequantize_weights(prepare.read_source(tiny_gguf))
+    assert list(converted) == sorted(converted)
+    for tensor in gguf.GGUFReader(str(tiny_gguf)).tensors:
+        values = gguf.dequantize(tensor.data, tensor.tensor_type)
+        if "norm.weight" in tensor.name:
+            values = values - 1
+        expected = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
+        name = prepare.hf_tensor_name(tensor.name)
+        assert torch.equal(converted[name].reshape(expected.shape), expected), name
+    assert "model.layers.0.self_attn.o_proj.weight" in converted
+    assert "model.norm.weight" in converted and "model.embed_tokens.weight" in converted
+
+
+def test_config_follows_transformers_key_table(tiny_gguf: Path) -> None:
+    config = prepare.gguf_config_dict(prepare.read_source(tiny_gguf))
+    assert config["model_type"] == "gemma3_text"
+    assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 256
+    assert config["vocab_size"] == TINY_VOCAB  # from the vocabulary's length, as transformers does
+    assert config["tie_word_embeddings"] is True  # no output.weight
+    assert config["_model_name_or_path"] == "tiny"
+
+
+def test_wrong_architecture_and_unknown_tensor_are_refused(tmp_path: Path) -> None:
+    llama = tmp_path / "llama.gguf"
+    _write_tiny_gguf(llama, arch="llama")
+    with pytest.raises(PrepareError, match="architecture 'llama', expected 'gemma3'"):
+        prepare.read_source(llama)
+    odd = tmp_path / "odd.gguf"
+    _write_tiny_gguf(odd, extra_tensor="blk.0.mystery.weight")
+    with pytest.raises(PrepareError, match="blk.0.mystery.weight"):
+        prepare.dequantize_weights(prepare.read_source(odd))
+
+
+def _patched(source: Path, target: Path, offset: int, data: bytes) -> Path:
+    blob = bytearray(source.read_bytes())
+    blob[offset : offset + len(data)] = data
+    target.write_bytes(bytes(blob))
+    return target
+
+
+def _first_value_type_offset(path: Path) -> int:
+    """Byte offset of the first metadata entry's value type (after the 24-byte preamble and its key)."""
+    (key_length,) = struct.unpack_from("<Q", path.read_bytes(), 24)
+    return 24 + 8 + key_length
+
+
+def test_broken_gguf_files_are_clear_errors(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Every way the file can be wrong names the file and the problem; none is read as weights."""
+    data = tiny_gguf.read_bytes()
+    cases = {
+        "not a GGUF file": _patched(tiny_gguf, tmp_path / "magic.gguf", 0, b"GGML"),
+        "GGUF version 99": _patched(tiny_gguf, tmp_path / "version.gguf", 4, struct.pack("<I", 99)),
+        "unknown GGUF metadata value type 77": _patched(
+            tiny_gguf, tmp_path / "type.gguf", _first_value_type_offset(tiny_gguf), struct.pack("<I", 77)),
+        "truncated GGUF header": tmp_path / "header.gguf",
+        "past the end of the file": tmp_path / "data.gguf",
+        "cannot map the file": tmp_path / "empty.gguf",
+    }
+    (tmp_path / "header.gguf").write_bytes(data[:200])
+    (tmp_path / "data.gguf").write_bytes(data[:-100])
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    for message, path in cases.items():
+        with pytest.raises(GgufError, match=message) as caught:
+            read_gguf(path)
+        assert str(path) in str(caught.value)
+    with pytest.raises(PrepareError, match="past the end of the file"):  # prepare reports it as its own error
+        prepare.read_source(tmp_path / "data.gguf")

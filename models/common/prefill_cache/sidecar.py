@@ -1,0 +1,686 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The durable object of one authority: store, lookup, validation proofs and legacy objects.
+
+Write protocol: take the object's lock; write the artifacts to ``*.partial`` and flush them; record
+their digests in ``progress.json``; rename the partials into place; publish the manifest
+atomically; fsync the directory. A writer killed at any point leaves no manifest (a plain miss)
+or a complete object; the next writer of the object reuses or rewrites what it finds. A store
+that *fails* (ENOSPC, EIO) removes everything it wrote before re-raising, so a full disk is not
+left fuller; a killed writer's files are removed by the next store of that object or by
+:func:`models.common.prefill_cache.maintenance.gc`, which knows the writer is dead because it can
+take the writer's lock (a ``flock``: valid across PID namespaces, unlike a pid). Published files
+are never modified in place (a repair renames new files over them), so tensors mapped earlier
+stay valid. :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` runs the same protocol for
+a whole wave with one flush per phase and locks taken in one global order.
+
+Read protocol: every manifest field, every artifact record and every artifact's SHA-256 is
+checked before the files are memory-mapped; anything off - including any ``OSError`` on the way
+(an unreadable file, a cache root that is a regular file) - raises
+:class:`FrozenBackboneCacheError`. The proof is kept in a bounded in-process LRU and reused while
+the kernel stamps of all four files (dev, inode, mode, size, mtime_ns, ctime_ns) are unchanged -
+but only for files last changed more than ``_RACY_WINDOW_NS`` before the proof, because coarse
+file-system clocks can hide a same-size rewrite made within one tick (git's "racy clean" rule).
+Changed stamps (a copy, a restore, a remount) only mean "hash again", never "corrupt".
+
+Legacy objects (authority schema v1, named by a hash that included the source tree) are still
+found, read-only: by a direct probe when the caller still knows that source hash, otherwise
+through a per-root index of their normalized manifests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, NamedTuple
+
+import torch
+from loguru import logger
+
+from models.common.fileio import (
+    atomic_write_bytes,
+    file_lock,
+    file_locks,
+    fsync_dir,
+    fsync_dirs,
+    fsync_fds,
+    is_temp_path,
+    sha256_bytes,
+    sha256_file,
+    unique_temp_path,
+    write_all,
+)
+from models.common.prefill_cache.identity import FEATURE_DTYPES, FrozenBackboneCacheAuthority, tensor_bytes
+from models.common.prefill_cache.layout import (
+    ARTIFACT_NAMES,
+    FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
+    SIDECAR_SCHEMAS,
+    SOURCE_DIAGNOSTIC_FIELDS,
+    FrozenBackboneCacheError,
+    _ObjectPaths,
+    artifact_record,
+    artifact_specs,
+    canonical_json,
+    check_artifacts,
+    check_manifest_header,
+    expect,
+    is_int,
+    is_sha256_hex,
+    json_sha256,
+    manifest_bytes,
+    normalized_authority,
+    read_json_object,
+    str_keyed,
+)
+from models.common.prefill_cache.packet import FrozenBackbonePrefillPacket
+
+_PROOF_CACHE_ENTRIES: Final = 8_192
+_PROOF_CACHE_BYTES: Final = 64 << 20
+_LEGACY_INDEX_ROOTS: Final = 16
+_RACY_WINDOW_NS: Final = 2_000_000_000
+
+
+@contextlib.contextmanager
+def _cache_errors(what: str) -> Iterator[None]:
+    """Turn every OSError (and torch's RuntimeError from mapping a file) into the one error."""
+    try:
+        yield
+    except FrozenBackboneCacheError:
+        raise
+    except (OSError, RuntimeError, RecursionError) as error:
+        raise FrozenBackboneCacheError(f"{what}: {error!r}") from error
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel stamps and validation proofs
+# ---------------------------------------------------------------------------------------------
+
+
+class _Stamp(NamedTuple):
+    """What the kernel says about a file, without reading it."""
+
+    device: int
+    inode: int
+    mode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def _stamp(path: Path | str) -> _Stamp | None:
+    """The file's stamp, None when absent or not a regular file; other OSErrors propagate
+    (a parent that is a regular file, an unreadable directory)."""
+    try:
+        observed = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(observed.st_mode):
+        return None
+    return tuple.__new__(_Stamp, (  # the fast path of NamedTuple construction: lookups are hot
+        observed.st_dev, observed.st_ino, observed.st_mode,
+        observed.st_size, observed.st_mtime_ns, observed.st_ctime_ns,
+    ))
+
+
+def _object_stamps(paths: _ObjectPaths) -> tuple[_Stamp | None, ...]:
+    """Stamps of the manifest and the three artifacts (None where not a regular file)."""
+    return tuple(map(_stamp, paths.stamped_names))
+
+
+class _Small(NamedTuple):
+    """The validated small artifacts of an object (templates: callers get clones)."""
+
+    final_hidden: torch.Tensor
+    input_positions: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.final_hidden.nbytes + self.input_positions.nbytes
+
+
+class _ProofCache:
+    """Bounded LRU of validated objects: (manifest path, authority sha) -> (file stamps, the
+    small artifacts as tensors).
+
+    A hit means "these exact files were fully hashed and matched", so a hot object costs four
+    ``stat`` calls and one ``mmap`` instead of a re-hash. The few KiB of the final hidden state
+    and input position ride along with the proof (bounded in total) so a hit maps one file, not
+    three. Reset in a forked child (its lock may be mid-use)."""
+
+    def __init__(self, capacity: int, byte_budget: int) -> None:
+        self.capacity = capacity
+        self.byte_budget = byte_budget
+        self._lock = threading.Lock()
+        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[_Stamp | None, ...], _Small]] = OrderedDict()
+        self._bytes = 0
+
+    def holds(self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...]) -> _Small | None:
+        """The small artifacts if ``key`` is proven for exactly these stamps, else None."""
+        with self._lock:
+            proof = self._proofs.get(key)
+            if proof is None:
+                return None
+            if proof[0] != stamps:
+                self._drop(key)
+                return None
+            self._proofs.move_to_end(key)
+            return proof[1]
+
+    def remember(
+        self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...], small: _Small, started_ns: int
+    ) -> None:
+        """Keep a proof unless a file changed so recently that its stamp may not show a rewrite."""
+        newest_change = max(max(s.mtime_ns, s.ctime_ns) for s in stamps if s is not None)
+        if newest_change > started_ns - _RACY_WINDOW_NS:
+            return
+        with self._lock:
+            if key in self._proofs:
+                self._drop(key)
+            self._proofs[key] = (stamps, small)
+            self._bytes += small.nbytes
+            while len(self._proofs) > self.capacity or self._bytes > self.byte_budget:
+                self._drop(next(iter(self._proofs)))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self._bytes -= self._proofs.pop(key)[1].nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._proofs.clear()
+            self._bytes = 0
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self.clear()
+
+
+_PROOFS = _ProofCache(_PROOF_CACHE_ENTRIES, _PROOF_CACHE_BYTES)
+os.register_at_fork(after_in_child=_PROOFS.reset_after_fork)
+
+
+def _clear_validation_proofs() -> None:
+    """Forget every cached validation proof (benchmarks measure cold lookups with it)."""
+    _PROOFS.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Legacy (v1, source-bound) objects
+# ---------------------------------------------------------------------------------------------
+
+
+def _legacy_entry(manifest_path: Path) -> str | None:
+    """The normalized (v2) authority sha of a well-formed legacy manifest, else None."""
+    object_sha256 = manifest_path.parent.name
+    if not is_sha256_hex(object_sha256) or manifest_path.parent.parent.name != object_sha256[:2]:
+        return None
+    try:
+        manifest, _ = read_json_object(manifest_path, "legacy manifest")
+    except FrozenBackboneCacheError:
+        return None
+    stored = str_keyed(manifest.get("authority"))
+    if (
+        manifest.get("schema") not in SIDECAR_SCHEMAS
+        or manifest.get("authoritySha256") != object_sha256
+        or stored is None
+        or SOURCE_DIAGNOSTIC_FIELDS.isdisjoint(stored)
+        or json_sha256(stored) != object_sha256
+    ):
+        return None
+    return json_sha256(normalized_authority(stored))
+
+
+class _LegacyIndex:
+    """Per resolved root: normalized authority sha -> legacy manifest paths.
+
+    Built on the first miss of a process under a root, by reading every manifest once (legacy
+    objects are never written any more, so it never goes stale); bounded to a few roots."""
+
+    def __init__(self, roots: int) -> None:
+        self.roots = roots
+        self._lock = threading.Lock()
+        self._indexes: OrderedDict[Path, dict[str, tuple[Path, ...]]] = OrderedDict()
+
+    def get(self, cache_root: Path) -> dict[str, tuple[Path, ...]]:
+        with self._lock:
+            index = self._indexes.get(cache_root)
+            if index is None:
+                index = self._build(cache_root)
+                self._indexes[cache_root] = index
+            self._indexes.move_to_end(cache_root)
+            while len(self._indexes) > self.roots:
+                self._indexes.popitem(last=False)
+            return index
+
+    @staticmethod
+    def _build(cache_root: Path) -> dict[str, tuple[Path, ...]]:
+        found: dict[str, list[Path]] = {}
+        for manifest_path in sorted((cache_root / "objects").glob("*/*/manifest.json")):
+            normalized_sha256 = _legacy_entry(manifest_path)
+            if normalized_sha256 is not None:
+                found.setdefault(normalized_sha256, []).append(manifest_path)
+        logger.debug("legacy prefill index of {}: {} authorities", cache_root, len(found))
+        return {key: tuple(value) for key, value in found.items()}
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+
+_LEGACY_INDEX = _LegacyIndex(_LEGACY_INDEX_ROOTS)
+os.register_at_fork(after_in_child=_LEGACY_INDEX.reset_after_fork)
+
+
+# ---------------------------------------------------------------------------------------------
+# The durable object
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _StagedObject:
+    """One object of a store in flight: its payloads, digests and (after flushing) file records."""
+
+    sidecar: FrozenBackboneFeatureSidecar
+    payloads: tuple[memoryview, ...]
+    sha256s: tuple[str, ...]
+    records: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+class FrozenBackboneFeatureSidecar:
+    """The durable object of one authority under ``cache_root`` (see the module docstring)."""
+
+    def __init__(self, *, cache_root: Path, authority: FrozenBackboneCacheAuthority) -> None:
+        self.authority = authority
+        self.authority_record = authority.record_boundary()
+        self.authority_sha256 = json_sha256(self.authority_record)
+        with _cache_errors(f"cannot resolve prefill cache root {cache_root}"):
+            self.cache_root = Path(cache_root).expanduser().resolve()
+        self.paths = _ObjectPaths.of(self.cache_root, self.authority_sha256, authority.feature_dtype)
+        self.legacy_authority_record = authority.legacy_v1_record_boundary()
+        self.legacy_authority_sha256 = (
+            None
+            if self.legacy_authority_record is None
+            else json_sha256(self.legacy_authority_record)
+        )
+        self.legacy_paths = (
+            None
+            if self.legacy_authority_sha256 is None
+            else _ObjectPaths.of(self.cache_root, self.legacy_authority_sha256, authority.feature_dtype)
+        )
+        self._dtype = FEATURE_DTYPES[authority.feature_dtype]
+        hidden, positions = authority.hidden_size, authority.summary_positions
+        self._specs = artifact_specs(authority.feature_dtype, hidden, positions)
+        self._elements = tuple(spec.elements for spec in self._specs)
+        self._shapes = ((1, 1, hidden), (1, positions, hidden), (1,))
+        self._torch_dtypes = (self._dtype, self._dtype, torch.long)
+        self._identity_rows = authority.digest_tensors_boundary()
+        self._identity_template = torch.stack(self._identity_rows)  # [3, 1, 32]
+        self._summary_mask = torch.ones((1, positions), dtype=torch.bool)
+
+    def __repr__(self) -> str:
+        return f"FrozenBackboneFeatureSidecar({self.paths.root})"
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def lookup_boundary(self) -> FrozenBackbonePrefillPacket | None:
+        """The stored row (memory-mapped), or None on a miss. Never writes anything.
+
+        Raises FrozenBackboneCacheError when an object exists but does not check out, or when
+        the cache cannot be read at all."""
+        with _cache_errors(f"cannot look up {self.paths.root}"):
+            found = self._lookup(self.paths)
+            if found is None and self.legacy_paths is not None:
+                found = self._lookup(self.legacy_paths)
+            return found if found is not None else self._lookup_indexed_legacy()
+
+    def _lookup_indexed_legacy(self) -> FrozenBackbonePrefillPacket | None:
+        for manifest_path in _LEGACY_INDEX.get(self.cache_root).get(self.authority_sha256, ()):
+            paths = _ObjectPaths.of(self.cache_root, manifest_path.parent.name, self.authority.feature_dtype)
+            if paths.root not in (self.paths.root, getattr(self.legacy_paths, "root", None)):
+                found = self._lookup(paths)
+                if found is not None:
+                    return found
+        return None
+
+    def _lookup(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket | None:
+        """The object at ``paths``: None without a manifest, else validated (or proven) and mapped."""
+        stamps = _object_stamps(paths)
+        if stamps[0] is None:
+            return None
+        key = (paths.stamped_names[0], self.authority_sha256)
+        small = _PROOFS.holds(key, stamps)
+        try:
+            if small is not None:
+                return self._map_proven(paths, small)
+            return self._validate_and_map(paths, key, stamps)
+        except (FrozenBackboneCacheError, OSError, RuntimeError):
+            if _stamp(paths.manifest) is None:  # retracted meanwhile (gc, a rebuild): a miss
+                return None
+            raise
+
+    def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
+        """Memory-map the three artifacts as one packet row (no copy, no hashing, no checks:
+        only called on content proven to be what :meth:`store_boundary` validated)."""
+        final_t, summary_t, positions_t = (
+            torch.from_file(name, shared=False, size=count, dtype=dtype).reshape(shape)
+            for name, count, dtype, shape in zip(
+                paths.artifact_names, self._elements, self._torch_dtypes, self._shapes, strict=True
+            )
+        )
+        return FrozenBackbonePrefillPacket(
+            final_t, summary_t, self._summary_mask.clone(), positions_t,
+            *self._identity_template.clone().unbind(0),
+        )
+
+    def _map_proven(self, paths: _ObjectPaths, small: _Small) -> FrozenBackbonePrefillPacket:
+        """Like :meth:`_map` for a proven object: map the summary, clone the small artifacts from
+        the proof (private copies, so callers never share memory)."""
+        summary_t = torch.from_file(
+            paths.artifact_names[1], shared=False, size=self._elements[1], dtype=self._dtype
+        ).view(self._shapes[1])
+        return FrozenBackbonePrefillPacket(
+            small.final_hidden.clone(),
+            summary_t,
+            self._summary_mask.clone(),
+            small.input_positions.clone(),
+            *self._identity_template.clone().unbind(0),
+        )
+
+    def _validate_and_map(
+        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[_Stamp | None, ...]
+    ) -> FrozenBackbonePrefillPacket:
+        """Check everything, map, and check that nothing changed meanwhile; remember the proof."""
+        started_ns = time.time_ns()
+        expect(None not in before, paths.root, "an artifact is missing or not a regular file")
+        manifest, _ = read_json_object(paths.manifest, "manifest")
+        stored = check_manifest_header(paths.root, manifest)
+        expect(
+            canonical_json(normalized_authority(stored)) == canonical_json(self.authority_record),
+            paths.root,
+            "stored authority is not the requested authority",
+        )
+        check_artifacts(paths.root, manifest, self._specs)
+        packet = self._map(paths)
+        expect(int(packet.input_positions_t[0]) > 0, paths.root, "input position is not positive")
+        expect(_object_stamps(paths) == before, paths.root, "files changed while they were being validated")
+        small = _Small(packet.final_hidden_t.clone(), packet.input_positions_t.clone())
+        _PROOFS.remember(key, before, small, started_ns)
+        return packet
+
+    # -- progress -------------------------------------------------------------------------
+
+    def progress_boundary(self) -> dict[str, object] | None:
+        """The durable frontier of an interrupted store of this object, or None if none.
+
+        ``{"schema", "authoritySha256", "completedRows": 1, "artifacts": {name: {"bytes",
+        "sha256"}}}`` says the partial artifacts with those digests were flushed to disk.
+        Raises FrozenBackboneCacheError when the file exists but is not such a record."""
+        with _cache_errors(f"cannot read the progress of {self.paths.root}"):
+            if _stamp(self.paths.progress) is None:
+                return None
+        progress, _ = read_json_object(self.paths.progress, "progress file")
+        artifacts = str_keyed(progress.get("artifacts"))
+        well_formed = (
+            progress.get("schema") == FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA
+            and progress.get("authoritySha256") == self.authority_sha256
+            and is_int(progress.get("completedRows"))
+            and progress.get("completedRows") == 1
+            and artifacts is not None
+            and set(artifacts) == set(ARTIFACT_NAMES)
+            and all(self._is_progress_record(artifacts[name]) for name in ARTIFACT_NAMES)
+        )
+        if not well_formed:
+            raise FrozenBackboneCacheError(f"progress file {self.paths.progress} is malformed")
+        return progress
+
+    @staticmethod
+    def _is_progress_record(value: object) -> bool:
+        record = str_keyed(value)
+        return (
+            record is not None
+            and is_int(record.get("bytes"))
+            and record["bytes"] >= 0
+            and is_sha256_hex(record.get("sha256"))
+        )
+
+    def _progress_payload(self, staged: _StagedObject) -> dict[str, object]:
+        return {
+            "schema": FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
+            "authoritySha256": self.authority_sha256,
+            "completedRows": 1,
+            "artifacts": {
+                name: {"bytes": len(payload), "sha256": digest}
+                for name, payload, digest in zip(
+                    ARTIFACT_NAMES, staged.payloads, staged.sha256s, strict=True
+                )
+            },
+        }
+
+    # -- store ----------------------------------------------------------------------------
+
+    def _check_packet(self, packet: FrozenBackbonePrefillPacket) -> None:
+        """Refuse a row that is not this authority's before touching the disk."""
+        packet.validate_boundary()
+        if (
+            tuple(packet.final_hidden_t.shape) != self._shapes[0]
+            or tuple(packet.summary_hidden_t.shape) != self._shapes[1]
+            or packet.final_hidden_t.dtype != self._dtype
+        ):
+            raise ValueError(
+                f"packet does not match its authority: final {tuple(packet.final_hidden_t.shape)}, "
+                f"summary {tuple(packet.summary_hidden_t.shape)} {packet.final_hidden_t.dtype}; "
+                f"expected {self._shapes[0]}, {self._shapes[1]} {self._dtype}"
+            )
+        identity = (packet.cache_key_sha256_t, packet.work_id_sha256_t, packet.prompt_mask_sha256_t)
+        for actual, expected in zip(identity, self._identity_rows, strict=True):
+            if not torch.equal(actual.detach().cpu(), expected):
+                raise ValueError("packet identity digests differ from its authority")
+
+    def _staged(self, packet: FrozenBackbonePrefillPacket) -> _StagedObject:
+        payloads = tuple(
+            tensor_bytes(t)
+            for t in (packet.final_hidden_t, packet.summary_hidden_t, packet.input_positions_t)
+        )
+        return _StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
+
+    def _existing_or_retract(self) -> FrozenBackbonePrefillPacket | None:
+        """Under the writer lock: the valid object if there is one (its dead writers' leftovers
+        removed); otherwise make sure no manifest claims one (a corrupt object is retracted, so a
+        crash mid-rebuild is a miss)."""
+        try:
+            existing = self._lookup(self.paths)
+            if existing is not None:
+                self._remove_leftovers()
+            return existing
+        except (FrozenBackboneCacheError, OSError, RuntimeError) as error:
+            logger.warning("rebuilding invalid prefill cache object: {}", error)
+            self.paths.manifest.unlink(missing_ok=True)
+            fsync_dir(self.paths.root)
+            return None
+
+    def _sweep_debris(self) -> None:
+        """Remove temp files of killed writers (safe: we hold the writer lock)."""
+        for path in self.paths.root.iterdir():
+            if is_temp_path(path):
+                path.unlink(missing_ok=True)
+
+    def _remove_leftovers(self) -> None:
+        """Partials, temp files and progress of writers that died after (or while re-) publishing
+        this object: we hold its lock, so their writers are gone."""
+        for path in (*self.paths.partials, self.paths.progress):
+            if _stamp(path) is not None:
+                path.unlink(missing_ok=True)
+        self._sweep_debris()
+
+    def _discard_unpublished(self) -> None:
+        """After a failed store (lock held): remove every file it may have written, unless the
+        manifest made it into place (then the object is complete and stays)."""
+        with contextlib.suppress(OSError):
+            if _stamp(self.paths.manifest) is not None:
+                return
+        for path in (*self.paths.partials, *self.paths.artifacts, self.paths.progress):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._sweep_debris()
+
+    def _durable_frontier(self) -> dict[str, object] | None:
+        try:
+            return self.progress_boundary()
+        except FrozenBackboneCacheError as error:
+            logger.warning("ignoring {}; restaging from the packet", error)
+            return None
+
+    def _reusable(self, staged: _StagedObject, index: int, frontier: dict[str, object] | None) -> bool:
+        """True when a durable partial artifact from an interrupted store already holds exactly
+        the bytes to write (checked by hash, never trusted)."""
+        if frontier is None:
+            return False
+        recorded = frontier["artifacts"][ARTIFACT_NAMES[index]]  # type: ignore[index]
+        partial = self.paths.partials[index]
+        if recorded["sha256"] != staged.sha256s[index] or _stamp(partial) is None:
+            return False
+        return os.stat(partial).st_size == len(staged.payloads[index]) and (
+            sha256_file(partial) == staged.sha256s[index]
+        )
+
+    def _record_partials(self, staged: _StagedObject) -> None:
+        for spec, partial, digest in zip(self._specs, self.paths.partials, staged.sha256s, strict=True):
+            staged.records[spec.name] = artifact_record(spec, os.stat(partial).st_size, digest)
+
+    def _manifest_bytes(self, staged: _StagedObject) -> bytes:
+        return manifest_bytes(self.authority_sha256, self.authority_record, staged.records)
+
+    def _promote(self) -> None:
+        for partial, final in zip(self.paths.partials, self.paths.artifacts, strict=True):
+            os.replace(partial, final)
+
+    def store_boundary(self, packet: FrozenBackbonePrefillPacket) -> FrozenBackbonePrefillPacket:
+        """Durably publish one row and return it memory-mapped from disk.
+
+        If the object already exists (and checks out) it is returned untouched. A store that
+        fails raises the OSError that stopped it after removing what it wrote."""
+        self._check_packet(packet)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.paths.lock):
+            existing = self._existing_or_retract()
+            if existing is not None:
+                return existing
+            staged = self._staged(packet)
+            try:
+                self._sweep_debris()
+                frontier = self._durable_frontier()
+                with _open_partials(self, staged, frontier) as fds:
+                    fsync_fds(fd for fd in fds if fd is not None)
+                    self._record_partials(staged)
+                atomic_write_bytes(self.paths.progress, canonical_json(self._progress_payload(staged)))
+                self._promote()
+                atomic_write_bytes(self.paths.manifest, self._manifest_bytes(staged))
+            except BaseException:
+                self._discard_unpublished()
+                raise
+            self.paths.progress.unlink(missing_ok=True)
+            fsync_dirs(self.paths.root.parents[index] for index in range(3))  # the object's own entry
+            with _cache_errors(f"cannot map the stored {self.paths.root}"):
+                return self._map(self.paths)
+
+    @staticmethod
+    def store_batch_boundary(
+        captured: tuple[tuple[FrozenBackboneFeatureSidecar, FrozenBackbonePrefillPacket], ...],
+    ) -> int:
+        """Durably publish a producer's wave of rows; returns the number of rows in the wave.
+
+        Each row is still its own object with its own lock; only the flushes are shared: all
+        artifacts are written then flushed together, then all manifests are written and flushed,
+        then renamed into place, then each directory is synced once. Locks are taken in one
+        global order, so overlapping waves from many processes never deadlock. A failure before
+        the renames leaves no manifest (lookups see a plain miss) and removes what the wave
+        wrote. Rows that already exist are left untouched. (Durability of the renames relies on
+        the file system committing metadata in order, as journaling file systems do.)"""
+        if not captured:
+            return 0
+        roots = [sidecar.paths.root for sidecar, _ in captured]
+        if len(set(roots)) != len(roots):
+            raise ValueError("a frozen-backbone batch names the same object more than once")
+        for sidecar, packet in captured:
+            sidecar._check_packet(packet)
+        for root in roots:
+            root.mkdir(parents=True, exist_ok=True)
+        with file_locks(sidecar.paths.lock for sidecar, _ in captured):
+            todo = [
+                sidecar._staged(packet)
+                for sidecar, packet in sorted(captured, key=lambda row: str(row[0].paths.root))
+                if sidecar._existing_or_retract() is None
+            ]
+            if todo:
+                try:
+                    _publish_wave(todo)
+                except BaseException:
+                    for staged in todo:
+                        staged.sidecar._discard_unpublished()
+                    raise
+        return len(captured)
+
+
+@contextlib.contextmanager
+def _open_partials(
+    sidecar: FrozenBackboneFeatureSidecar,
+    staged: _StagedObject,
+    frontier: dict[str, object] | None,
+) -> Iterator[list[int | None]]:
+    """Write the object's partial artifacts (reusing verified durable ones) and yield their fds
+    (None for a reused file) open for flushing; closes them afterwards."""
+    fds: list[int | None] = []
+    try:
+        for index, partial in enumerate(sidecar.paths.partials):
+            if sidecar._reusable(staged, index, frontier):
+                fds.append(None)
+                continue
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds.append(fd)
+            write_all(fd, staged.payloads[index])
+        yield fds
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+
+
+def _publish_wave(wave: list[_StagedObject]) -> None:
+    """The phases of :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` (locks held)."""
+    with contextlib.ExitStack() as stack:
+        artifact_fds: list[int] = []
+        for staged in wave:
+            staged.sidecar._sweep_debris()
+            staged.sidecar.paths.progress.unlink(missing_ok=True)
+            fds = stack.enter_context(_open_partials(staged.sidecar, staged, None))
+            artifact_fds.extend(fd for fd in fds if fd is not None)
+        fsync_fds(artifact_fds)
+    manifest_temps = [unique_temp_path(staged.sidecar.paths.manifest) for staged in wave]
+    try:
+        with contextlib.ExitStack() as stack:
+            manifest_fds = []
+            for staged, temp in zip(wave, manifest_temps, strict=True):
+                staged.sidecar._record_partials(staged)
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                stack.callback(os.close, fd)
+                write_all(fd, staged.sidecar._manifest_bytes(staged))
+                manifest_fds.append(fd)
+            fsync_fds(manifest_fds)
+        for staged, temp in zip(wave, manifest_temps, strict=True):
+            staged.sidecar._promote()
+            os.replace(temp, staged.sidecar.paths.manifest)
+    finally:
+        for temp in manifest_temps:
+            temp.unlink(missing_ok=True)
+    fsync_dirs(_directories_to_sync(wave))
+
+
+def _directories_to_sync(wave: Iterable[_StagedObject]) -> Iterator[Path]:
+    for staged in wave:
+        root = staged.sidecar.paths.root
+        yield from (root, root.parent, root.parent.parent, root.parent.parent.parent)

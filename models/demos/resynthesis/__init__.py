@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Resynthesis training on the prefill cache: ``python -m models.demos.resynthesis``."""

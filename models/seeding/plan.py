@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A seeding plan: which models x meshes x precisions x components a CI cache must hold.
+
+::
+
+    models:
+      - model: google/gemma-3-270m        # HF id, local dir or hub snapshot
+        meshes: [N150, N300]
+        precisions: [bfloat8_b]
+      - model: /data/llama-3.2-1b
+        family: llama                     # optional: from config.json otherwise
+        meshes: [T3K]
+        precisions: [bfloat16, bfloat8_b]
+        components: [text]                # optional: the family's default otherwise
+
+Parsing checks the plan's shape only (torch-free); whether a mesh or precision exists is the
+loader's business and is checked before anything is built (:mod:`models.seeding.runner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENTRY_KEYS = {"model", "family", "meshes", "precisions", "components"}
+
+
+class PlanError(ValueError):
+    """The plan file cannot be read or has the wrong shape; the message names the file and the spot."""
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One model x mesh x precision (x components) of a plan: one JUnit case, one cache variant."""
+
+    model: str
+    mesh: str
+    precision: str
+    family: str | None = None
+    components: tuple[str, ...] | None = None
+
+    @property
+    def case_name(self) -> str:
+        parts = [self.mesh, self.precision] + ([",".join(self.components)] if self.components else [])
+        return f"{self.model} [{' '.join(parts)}]"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"model": self.model, "family": self.family, "mesh": self.mesh, "precision": self.precision,
+                "components": list(self.components) if self.components else None}
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: Path
+    combinations: tuple[Combination, ...]
+
+
+def _string_list(entry: dict[str, Any], key: str, where: str, *, required: bool) -> list[str] | None:
+    value = entry.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise PlanError(f"{where}: '{key}' must be a non-empty list of names, got {value!r}")
+    return value
+
+
+def _entry_combinations(entry: Any, where: str) -> list[Combination]:
+    if not isinstance(entry, dict):
+        raise PlanError(f"{where}: expected a mapping with 'model', 'meshes' and 'precisions', got {entry!r}")
+    unknown = set(entry) - ENTRY_KEYS
+    if unknown:
+        raise PlanError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(ENTRY_KEYS)}")
+    model, family = entry.get("model"), entry.get("family")
+    if not isinstance(model, str) or not model:
+        raise PlanError(f"{where}: 'model' must be an HF id or a path, got {model!r}")
+    if family is not None and not isinstance(family, str):
+        raise PlanError(f"{where}: 'family' must be a name, got {family!r}")
+    meshes = _string_list(entry, "meshes", where, required=True)
+    precisions = _string_list(entry, "precisions", where, required=True)
+    components = _string_list(entry, "components", where, required=False)
+    return [
+        Combination(model, mesh, precision, family, tuple(components) if components else None)
+        for mesh in meshes
+        for precision in precisions
+    ]
+
+
+def parse_plan(text: str, path: Path) -> Plan:
+    try:
+        body = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise PlanError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(body, dict) or not isinstance(body.get("models"), list) or not body["models"]:
+        raise PlanError(f"{path}: expected a mapping with a non-empty 'models' list")
+    combinations: list[Combination] = []
+    for index, entry in enumerate(body["models"]):
+        combinations += _entry_combinations(entry, f"{path}: models[{index}]")
+    seen = set()
+    for combination in combinations:
+        if combination in seen:
+            raise PlanError(f"{path}: {combination.case_name} is listed twice")
+        seen.add(combination)
+    return Plan(path, tuple(combinations))
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise PlanError(f"{path}: cannot read the plan ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise PlanError(f"{path}: not UTF-8 text ({error.reason})") from None
+    return parse_plan(text, path)

@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run a seeding plan: a stat-only gate check per combination, then a cold build of each cold
+one in its own worker process, watched for progress and stalls.
+
+A worker process per seed keeps one model's failure (an exception, a crash in native code, the
+OOM killer, a hang) from touching the others, and lets the watchdog end a stalled seed for
+sure (SIGKILL of its process group) instead of hoping a blocked thread notices an interrupt.
+Imports torch and ttnn (through the loaders).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import models
+from models.common.checkpoint import CONFIG_FILE, CheckpointError, hub_cache_dir, read_config, resolve_checkpoint_dir
+from models.common.loader import WeightLoader
+from models.common.marker import WeightCacheError
+from models.common.mesh import parse_mesh_shape
+from models.common.model_args import ModelArgs
+from models.common.tensor_cache import PRECISIONS
+from models.registry import FAMILY_LOADERS, family_of, loader_class
+from models.seeding.plan import Combination, Plan
+from models.seeding.progress import EventDecoder, ProgressTracker, StallWatchdog
+from models.seeding.report import COLD, FAILED, PARTIAL, SEEDED, STALLED, WARM, CaseResult, SeedReport
+
+
+class SeedInputError(ValueError):
+    """A model, config.json, mesh or precision that cannot be used as given (one line, names the file)."""
+
+
+@dataclass(frozen=True)
+class SeedOptions:
+    check_only: bool = False
+    cache_root: str | None = None
+    stall_timeout: float | None = None
+    log_every: float = 30.0
+    progress: bool = True
+    workers: int = 1  # >= 2: a local Ray instance of that many CPUs per seed (models.seeding.ray_seed)
+    address: str | None = None  # an existing Ray cluster
+
+
+# -- one model -----------------------------------------------------------------------------------
+
+
+def _family(combination: Combination) -> tuple[str, Path | None]:
+    checkpoint = resolve_checkpoint_dir(combination.model)
+    if combination.family is not None:
+        return combination.family, checkpoint
+    if checkpoint is None:
+        raise SeedInputError(
+            f"{combination.model}: no checkpoint on this machine (no such directory, and no snapshot under "
+            f"{hub_cache_dir()}); name its family to use its cache alone"
+        )
+    try:
+        return family_of(read_config(checkpoint)), checkpoint
+    except CheckpointError as error:
+        raise SeedInputError(str(error)) from None
+    except ValueError as error:
+        raise SeedInputError(f"{checkpoint / CONFIG_FILE}: {error}") from None
+
+
+def open_model(combination: Combination, cache_root: str | None = None,
+               num_layers: int | None = None) -> tuple[WeightLoader, ModelArgs]:
+    """The combination's loader and architecture, or :class:`SeedInputError` naming what is wrong."""
+    family, checkpoint = _family(combination)
+    try:
+        loader = loader_class(family)(combination.model, mesh_shape=combination.mesh,
+                                      precision=combination.precision, cache_root=cache_root,
+                                      num_layers=num_layers, components=combination.components)
+        config = loader.model_config()
+        loader.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
+    except CheckpointError as error:
+        raise SeedInputError(str(error)) from None
+    except ValueError as error:
+        raise SeedInputError(f"{combination.model}: {error}") from None
+    where = checkpoint / CONFIG_FILE if checkpoint else f"{combination.model} (config kept with its cache)"
+    try:
+        return loader, loader.make_args(config, num_layers)
+    except KeyError as error:
+        raise SeedInputError(f"{where}: missing field {error} that a {family} model needs") from None
+    except (TypeError, ValueError) as error:
+        raise SeedInputError(f"{where}: unusable for a {family} model ({error})") from None
+
+
+def build_one(combination: Combination, *, cache_root: str | None = None,
+              num_layers: int | None = None) -> CaseResult:
+    """``tt-cache build``: load in this process (warm or cold) and say whether the cache is now warm."""
+    start = time.perf_counter()
+    loader, args = open_model(combination, cache_root, num_layers)
+    try:
+        loaded = loader.load()
+    except CheckpointError as error:
+        raise SeedInputError(str(error)) from None
+    except WeightCacheError as error:  # cache-only, and the cache is unusable: a failed check, not bad input
+        return CaseResult(combination, FAILED, str(error), time.perf_counter() - start, str(loader.cache_dir))
+    seconds = time.perf_counter() - start
+    done = f"{len(loaded.weights)} tensors in {loaded.seconds:.3f} s"
+    if loaded.warm:
+        return CaseResult(combination, WARM, f"warm, {done}", seconds, str(loaded.cache_dir))
+    if args.partial:
+        return CaseResult(combination, PARTIAL, f"built {args.n_layers} of {args.full_n_layers} layers "
+                          f"({done}); a partial build is never marked complete", seconds, str(loaded.cache_dir))
+    after = loader.status(args)
+    if not after.warm:
+        return CaseResult(combination, FAILED, f"built in memory ({done}) but nothing was cached: {after.reason}",
+                          seconds, str(loaded.cache_dir))
+    return CaseResult(combination, SEEDED, f"cold ({loaded.reason}), {done}", seconds, str(loaded.cache_dir))
+
+
+# -- the worker process --------------------------------------------------------------------------
+
+
+def _worker_command(combination: Combination, options: SeedOptions, fd: int) -> list[str]:
+    spec = {"combination": combination.as_json(), "cache_root": options.cache_root,
+            "workers": options.workers, "address": options.address}
+    return [sys.executable, "-m", "models.seeding.worker", json.dumps(spec), str(fd)]
+
+
+def _worker_env() -> dict[str, str]:
+    package_parent = str(Path(models.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a worker's whole session (a Ray instance it started goes with it)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # gone already
+
+
+def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> tuple[str | None, str]:
+    """Seed one combination in a worker process: (None, "") when it finished without error, else
+    (:data:`STALLED` or :data:`FAILED`, why)."""
+    watchdog = StallWatchdog(options.stall_timeout)
+    read_end, write_end = os.pipe()
+    try:
+        worker = subprocess.Popen(_worker_command(combination, options, write_end), pass_fds=(write_end,),
+                                  stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=_worker_env(),
+                                  start_new_session=True)
+    finally:
+        os.close(write_end)
+    decoder, result, stalled = EventDecoder(), None, None
+    try:
+        with selectors.DefaultSelector() as selector, os.fdopen(read_end, "rb", buffering=0) as pipe:
+            selector.register(pipe, selectors.EVENT_READ)
+            while True:
+                eof = False
+                for _ in selector.select(timeout=0.5):
+                    data = pipe.read(1 << 16)
+                    eof = not data
+                    for event in decoder.feed(data or b""):
+                        if event.get("event") == "result":
+                            result = event
+                        else:
+                            tracker.handle(event)
+                tracker.tick()
+                if eof:
+                    break
+                stalled = watchdog.check(tracker.snapshot())
+                if stalled:
+                    break
+    finally:  # a stall, or this process interrupted (CI cancelled the job): the seed never outlives it
+        if stalled or worker.poll() is None:
+            _kill_group(worker.pid)
+    code = worker.wait()
+    tracker.close()
+    if stalled:
+        return STALLED, stalled
+    if result is not None:
+        return (None, "") if result.get("ok") else (FAILED, str(result.get("reason", "")))
+    last = tracker.snapshot()
+    after = f"after {last.weights_done} weights (last {last.last_weight})" if last.last_weight else "before any weight"
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    return FAILED, f"seed worker died ({how}) {after}"
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+def validate_plan(plan: Plan) -> None:
+    """Names that cannot work anywhere (a mesh, precision or family typo) stop the run before it starts."""
+    problems = []
+    for combination in plan.combinations:
+        try:
+            parse_mesh_shape(combination.mesh)
+        except ValueError:
+            problems.append(f"mesh {combination.mesh!r} (known: N150, N300, T3K, TG or RxC)")
+        if combination.precision not in PRECISIONS:
+            problems.append(f"precision {combination.precision!r} (known: {', '.join(sorted(PRECISIONS))})")
+        if combination.family is not None and combination.family not in FAMILY_LOADERS:
+            problems.append(f"family {combination.family!r} (known: {', '.join(sorted(FAMILY_LOADERS))})")
+    if problems:
+        raise SeedInputError(f"{plan.path}: unknown {'; '.join(dict.fromkeys(problems))}")
+
+
+def run_combination(combination: Combination, options: SeedOptions) -> CaseResult:
+    start = time.perf_counter()
+
+    def result(outcome: str, reason: str = "", cache_dir: Any = None, tracker: ProgressTracker | None = None):
+        written = tracker.snapshot() if tracker else None
+        return CaseResult(combination, outcome, reason, time.perf_counter() - start,
+                          str(cache_dir) if cache_dir else None,
+                          written.weights_done if written else 0, written.bytes_done if written else 0)
+
+    try:
+        loader, args = open_model(combination, options.cache_root)
+    except SeedInputError as error:
+        return result(FAILED, str(error))
+    status = loader.status(args)
+    if status.warm:
+        return result(WARM, "", loader.cache_dir)
+    if options.check_only:
+        return result(COLD, status.reason, loader.cache_dir)
+    tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
+    outcome, reason = run_worker(combination, options, tracker)
+    if outcome is not None:
+        return result(outcome, reason, loader.cache_dir, tracker)
+    after = loader.status(args)
+    if not after.warm:
+        return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", loader.cache_dir, tracker)
+    return result(SEEDED, "", loader.cache_dir, tracker)
+
+
+def run_plan(plan: Plan, options: SeedOptions) -> SeedReport:
+    """Every combination, in plan order; one failing model never stops the others."""
+    validate_plan(plan)
+    report = SeedReport(str(plan.path), options.check_only)
+    start = time.perf_counter()
+    for combination in plan.combinations:
+        case = run_combination(combination, options)
+        report.cases.append(case)
+        if options.progress:
+            print(case.summary(), file=sys.stderr, flush=True)
+    report.seconds = time.perf_counter() - start
+    return report

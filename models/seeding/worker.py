@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One seed in its own process: ``python -m models.seeding.worker SPEC_JSON PROGRESS_FD``.
+
+Started by :func:`models.seeding.runner.run_worker`; reports progress and, last, one ``result``
+event on the pipe ``PROGRESS_FD`` (stdout is free for ttnn's own logging)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from models.seeding.plan import Combination
+from models.seeding.progress import PipeProgress
+
+
+def main(argv: list[str]) -> int:
+    spec, progress = json.loads(argv[0]), PipeProgress(int(argv[1]))
+    raw = spec["combination"]
+    combination = Combination(raw["model"], raw["mesh"], raw["precision"], raw.get("family"),
+                              tuple(raw["components"]) if raw.get("components") else None)
+    try:
+        from models.seeding.runner import SeedInputError, open_model
+
+        from models.seeding import seed_models
+
+        loader, _ = open_model(combination, spec.get("cache_root"))
+        (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),
+                                progress=progress)
+    except SeedInputError as error:
+        progress.send("result", ok=False, reason=str(error))
+        return 2
+    except Exception as error:  # noqa: BLE001 - reported to the parent as this combination's failure
+        progress.send("result", ok=False, reason=f"{type(error).__name__}: {error}")
+        return 1
+    progress.send("result", ok=result.complete, reason="" if result.complete else "the seed left the cache cold")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
