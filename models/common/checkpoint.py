@@ -373,7 +373,9 @@ class CheckpointReader:
             if key is not None:
                 self._location[key] = (file, name)
         self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
-        self._read: list[str] = []  # keys read since the last release_read()
+        self._read: list[str] = []  # keys read and not released yet (a streaming seed)
+        self._keep: set[str] = set()
+        self._release_due = False
 
     def keys(self) -> list[str]:
         return list(self._location)
@@ -391,18 +393,25 @@ class CheckpointReader:
             file, name = self._location[key]
         except KeyError:
             raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
+        if self._release_due:
+            self._release_now()
         self._read.append(key)
         return self._open[file].tensor(name, populate=True)
 
     def release_read(self, keep: Iterable[str] = ()) -> None:
-        """Release the pages of every tensor read since the last call but those in ``keep``
-        (see :meth:`SafetensorsFile.release`)."""
-        keep = set(keep)
+        """Release the pages of every tensor read so far but those in ``keep`` when the next read
+        begins (see :meth:`SafetensorsFile.release`): until then a weight may still be put from
+        a tensor read before an earlier put (a family reads gate and up, then puts both)."""
+        self._keep = set(keep)
+        self._release_due = True
+
+    def _release_now(self) -> None:
         for key in self._read:
-            if key not in keep:
+            if key not in self._keep:
                 file, name = self._location[key]
                 self._open[file].release(name)
         self._read.clear()
+        self._release_due = False
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for key in self._location:

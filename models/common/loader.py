@@ -81,7 +81,7 @@ from models.common.weight_cache import (
 )
 
 CACHE_ROOT_ENV = "TT_CACHE_PATH"
-STREAM_PENDING_BYTES = 256 << 20  # a streaming seed's converted weights waiting for the writer, at most
+STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
 CHECKPOINT_STAMPS_DIR = ".checkpoint-stamps"
 WARM_LOAD_ATTEMPTS = 3  # a generation retired between gate and lease: read the newer marker
 
@@ -195,8 +195,8 @@ class WeightLoader(ABC):
         cache_dir: str | os.PathLike | None = None,
         prefetch: int | None = None,
     ) -> None:
-        """``prefetch``: threads reading a warm cache's files ahead of use (0: none; default
-        ``$TT_PREFETCH_THREADS`` or 4), see :mod:`models.common.prefetch`."""
+        """``prefetch``: threads reading a warm cache's files ahead of use (default
+        ``$TT_PREFETCH_THREADS``, else 0: off), see :mod:`models.common.prefetch`."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):

@@ -162,7 +162,7 @@ class TensorCache:
         self._pending: list[tuple[str, Future, int]] = []  # (weight name, future {relative path: digest}, bytes)
         self._digests: dict[str, str] = {}  # of the writes already collected
         # A streaming seed bounds the converted tensors waiting for the writer (memory flat in
-        # model size; a byte budget, not a count, so small weights never wait on an fsync) and
+        # model size; a byte budget, not a count, so small weights rarely wait on an fsync) and
         # reports each weight once its file is written (``on_written(name, bytes)``).
         self.max_pending_bytes = max_pending_bytes
         self.on_written = on_written

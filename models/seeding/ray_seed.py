@@ -40,7 +40,7 @@ from models.common.generations import build_lock, new_generation, retire_generat
 from models.common.loader import STREAM_PENDING_BYTES, LazyStateDict, WeightLoader
 from models.common.tensor_cache import tensorbin_name
 from models.common.weight_cache import WeightCacheError, write_host_sidecar
-from models.seeding.stream import SeedResult
+from models.seeding.stream import SeedResult, return_freed_buffers
 from models.seeding.weights import PlannedWeight, partition, plan_weights
 
 TASKS_PER_WORKER = 3  # a few tasks per worker: balance, and a retry redoes only a small part
@@ -83,6 +83,7 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     from models.common.device_env import ensure_host_cluster
 
     ensure_host_cluster()
+    return_freed_buffers()
     from models.common.tensor_cache import TensorCache, conversion_threads
     from models.seeding.weights import PartSink, PartState
 

@@ -12,6 +12,7 @@ as ``load()``'s cold build: it is the same code path with keeping turned off.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +54,28 @@ class _Counter:
             self.progress.weight_done(name, nbytes)
 
 
+MMAP_THRESHOLD_BYTES = 4 << 20
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def return_freed_buffers() -> None:
+    """Make glibc give every freed buffer of 4 MiB or more back to the system at once.
+
+    By default glibc raises its mmap threshold each time a large buffer is freed (up to 32 MiB),
+    after which weight-sized buffers come from the heap, whose freed space is kept: measured
+    here, about 100 MiB more peak RSS for a 2.5 GB than for a 0.6 GB streaming seed. A fixed
+    threshold stops that. Process-wide and harmless elsewhere; a no-op off glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
 def seed_streaming(loader: WeightLoader, progress: Any = None) -> SeedResult:
     """Make ``loader``'s cache warm with memory flat in model size (see the module doc)."""
     from models.seeding.weights import plan_weights
 
+    return_freed_buffers()
     start = time.perf_counter()
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)

@@ -166,8 +166,8 @@ def test_prefetcher_skips_files_it_cannot_read_and_never_raises(tmp_path):
 
 def test_prefetch_threads_option_and_environment(monkeypatch):
     monkeypatch.delenv("TT_PREFETCH_THREADS", raising=False)
-    assert prefetch_threads(None) == 4 and prefetch_threads(0) == 0 and prefetch_threads(2) == 2
-    monkeypatch.setenv("TT_PREFETCH_THREADS", "0")
-    assert prefetch_threads(None) == 0
+    assert prefetch_threads(None) == 0 and prefetch_threads(0) == 0 and prefetch_threads(2) == 2
+    monkeypatch.setenv("TT_PREFETCH_THREADS", "4")
+    assert prefetch_threads(None) == 4
     with pytest.raises(ValueError, match=">= 0"):
         prefetch_threads(-1)
