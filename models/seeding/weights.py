@@ -50,7 +50,22 @@ class PlannedWeight:
         return stored_bytes(self.fmt, math.prod(shape))
 
 
-class _Recording(Mapping):
+class _SpecView(Mapping):
+    """A state dict over a checkpoint's tensor specs (``{key: (shape, dtype)}``): keys only here."""
+
+    _specs: Mapping[str, tuple[Sequence[int], torch.dtype]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._specs
+
+
+class _Recording(_SpecView):
     """Placeholders for every checkpoint key, noting which keys are read."""
 
     def __init__(self, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
@@ -63,15 +78,6 @@ class _Recording(Mapping):
         shape, dtype = self._specs[key]
         self.read[key] = None
         return placeholder(shape, dtype)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._specs
 
 
 class _PlanSink(WeightSink):
@@ -131,7 +137,7 @@ def partition(plan: Sequence[PlannedWeight], parts: int) -> list[list[str]]:
     return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
-class PartState(Mapping):
+class PartState(_SpecView):
     """The checkpoint as a worker of a partitioned build sees it: real tensors inside the units
     holding one of its own weights, placeholders otherwise."""
 
@@ -145,15 +151,6 @@ class PartState(Mapping):
             return self._lazy[key]
         shape, dtype = self._specs[key]
         return placeholder(shape, dtype)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._specs
 
 
 class PartSink(WeightSink):
