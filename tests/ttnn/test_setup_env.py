@@ -25,7 +25,8 @@ TINY_SETUP = "from setuptools import setup\nsetup(name='tiny-project', version='
 def tiny_project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
     (root / "scripts").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "scripts" / "setup_env.sh", root / "scripts" / "setup_env.sh")
+    for script in ("setup_env.sh", "find_python312.sh"):  # the script and what it sources
+        shutil.copy(REPO_ROOT / "scripts" / script, root / "scripts" / script)
     (root / "requirements.txt").write_text(TINY_REQUIREMENTS)
     (root / "setup.py").write_text(TINY_SETUP)
     return root
