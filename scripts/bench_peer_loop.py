@@ -32,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from _bench_output import bar_chart  # noqa: E402
 
 CHILD = r"""
 import json, os, sys, time
@@ -152,26 +154,11 @@ def print_table(name: str, precision: str, med: dict) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = list(report)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    series = [("peer's from_torch", lambda m: m["peer"]["from_torch"]), ("peer loop", lambda m: m["peer"]["seconds"]),
-              ("project load()", lambda m: m["load"]["seconds"]), ("project seed()", lambda m: m["seed"]["seconds"])]
-    width = 0.8 / len(series)
-    for i, (name, get) in enumerate(series):
-        values = [get(report[label]["medians"]) for label in labels]
-        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))], values, width, label=name)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel("cold build seconds (median)")
-    ax.set_title("cold build: project vs upstream-style peer loop")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    series = {"peer's from_torch": lambda m: m["peer"]["from_torch"], "peer loop": lambda m: m["peer"]["seconds"],
+              "project load()": lambda m: m["load"]["seconds"], "project seed()": lambda m: m["seed"]["seconds"]}
+    groups = {label: {name: get(entry["medians"]) for name, get in series.items()} for label, entry in report.items()}
+    bar_chart(path, groups, title="cold build: project vs upstream-style peer loop",
+              ylabel="cold build seconds (median)", value_format="{:.2f}")
     print(f"wrote {path} and {path.with_suffix('.json')}")
 
 

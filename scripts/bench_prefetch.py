@@ -28,6 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from _bench_output import bar_chart  # noqa: E402
 
 CHILD = r"""
 import json, mmap, os, sys, time
@@ -156,24 +158,11 @@ def main() -> None:
 
 
 def plot(medians: dict[str, float], size: int, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cases = ["cat", "parallel cat", "load+read, no prefetch", "load+read, prefetch"]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.38
-    for i, where in enumerate(("warm", "evicted")):
-        values = [medians[f"{c}/{where}"] for c in cases]
-        bars = ax.bar([x + (i - 0.5) * width for x in range(len(cases))], values, width, label=f"page cache {where}")
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.set_xticks(range(len(cases)), cases, fontsize=8)
-    ax.set_ylabel("seconds (median)")
-    ax.set_title(f"{title}: every byte of {size / 2**20:.0f} MiB read")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    groups = {case: {f"page cache {where}": medians[f"{case}/{where}"] for where in ("warm", "evicted")}
+              for case in cases}
+    bar_chart(path, groups, title=f"{title}: every byte of {size / 2**20:.0f} MiB read",
+              ylabel="seconds (median)", value_format="{:.2f}")
     print(f"wrote {path} and {path.with_suffix('.json')}")
 
 
