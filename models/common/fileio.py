@@ -54,6 +54,18 @@ def is_temp_path(path: Path) -> bool:
     return _TEMP_NAME.match(Path(path).name) is not None
 
 
+def try_flock(fd: int, *, exclusive: bool) -> bool:
+    """Take an ``flock`` on ``fd`` without waiting: True when taken, False when another holder
+    has a conflicting lock; any other failure (no ``flock`` on this file system) raises."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 @contextlib.contextmanager
 def writing_into(directory: Path) -> Iterator[None]:
     """Announce a writer in ``directory`` for the block: a shared ``flock`` on the directory.
@@ -85,12 +97,11 @@ def temp_writer_alive(path: Path) -> bool:
     except OSError:
         return True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return not try_flock(fd, exclusive=True)
     except OSError:
         return True
     finally:
         os.close(fd)
-    return False
 
 
 def fsync_dir(path: Path) -> None:
@@ -162,14 +173,9 @@ def file_lock(lock_path: Path, *, blocking: bool = True) -> Iterator[bool]:
     when another holder has it."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            held = True
-        except OSError as error:
-            if blocking or error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            held = False
-        yield held
+        if blocking:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True if blocking else try_flock(fd, exclusive=True)
     finally:
         os.close(fd)
 
@@ -254,11 +260,6 @@ def lock_held_elsewhere(lock_path: Path) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
+        return not try_flock(fd, exclusive=False)
     finally:
         os.close(fd)  # closing releases a shared lock we may have taken
-    return False

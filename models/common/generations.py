@@ -20,7 +20,6 @@ switch, and a killed build leaves only an unnamed generation behind. The rules, 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import secrets
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from models.common.fileio import try_flock
 from models.common.marker import BUILD_LOCK, GENERATION_PREFIX, iter_markers
 
 READERS_LEASE = ".readers"
@@ -62,11 +62,7 @@ def build_lock(cache_dir: Path) -> Iterator[bool]:
         yield False
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+        if not try_flock(fd, exclusive=True):
             holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
             logger.info(f"Waiting for the builder of {cache_dir} ({holder})")
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -95,12 +91,10 @@ def reader_lease(cache_dir: Path, generation: str | None) -> Iterator[bool]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                yield False
-                return
-        yield (cache_dir / generation).is_dir()
+            leased = try_flock(fd, exclusive=False)
+        except OSError:  # a file system without flock: open the files unleased
+            leased = True
+        yield leased and (cache_dir / generation).is_dir()
     finally:
         os.close(fd)
 
@@ -140,9 +134,10 @@ def _retire(cache_dir: Path, name: str) -> bool:
     try:
         if fd is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not try_flock(fd, exclusive=True):
+                    return False  # a reader is opening its files: retire it next time
             except OSError:
-                return False  # a reader is opening its files: retire it next time
+                return False
         aside = cache_dir / f"{RETIRED_PREFIX}{name}-{secrets.token_hex(3)}"
         try:
             os.rename(cache_dir / name, aside)
