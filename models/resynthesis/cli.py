@@ -16,11 +16,14 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from models.common.prefill_cache.layout import FrozenBackboneCacheError
 from models.common.prefill_cache.maintenance import gc, list_objects, verify
+
+T = TypeVar("T")
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -37,6 +40,18 @@ def _root(args: argparse.Namespace) -> Path | None:
     return root
 
 
+def _read_root(args: argparse.Namespace, read: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """``(root, read(root))``, or None after printing why ROOT cannot be read as a prefill cache."""
+    root = _root(args)
+    if root is None:
+        return None
+    try:
+        return root, read(root)
+    except FrozenBackboneCacheError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+
+
 def _emit(args: argparse.Namespace, payload: dict[str, object], lines: list[str]) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True) if args.json else "\n".join(lines))
 
@@ -46,14 +61,10 @@ def _size(n: int) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    root = _root(args)
-    if root is None:
+    read = _read_root(args, list_objects)
+    if read is None:
         return EXIT_BAD_INPUT
-    try:
-        infos = list_objects(root)
-    except FrozenBackboneCacheError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    root, infos = read
     states: dict[str, int] = {}
     schemas: dict[str, int] = {}
     for info in infos:
@@ -73,14 +84,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    root = _root(args)
-    if root is None:
+    read = _read_root(args, verify)
+    if read is None:
         return EXIT_BAD_INPUT
-    try:
-        result = verify(root)
-    except FrozenBackboneCacheError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    root, result = read
     lines = [f"BAD {path}: {problem}" for path, problem in result.failures]
     lines.append(f"{result.checked} objects checked, {len(result.failures)} bad")
     _emit(args, {"root": str(root), "checked": result.checked,
@@ -89,17 +96,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    root = _root(args)
-    if root is None:
-        return EXIT_BAD_INPUT
     if args.older_than_days is not None and not args.older_than_days >= 0:
         print(f"error: --older-than-days must be >= 0, got {args.older_than_days}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        result = gc(root, older_than_days=args.older_than_days, now=time.time())
-    except FrozenBackboneCacheError as error:
-        print(f"error: {error}", file=sys.stderr)
+    read = _read_root(args, lambda root: gc(root, older_than_days=args.older_than_days, now=time.time()))
+    if read is None:
         return EXIT_BAD_INPUT
+    root, result = read
     payload = {"root": str(root), "removedFiles": result.removed_files, "removedBytes": result.removed_bytes,
                "removedObjects": result.removed_objects, "skippedLiveWriters": result.skipped_live}
     _emit(args, payload, [f"removed {result.removed_files} files ({_size(result.removed_bytes)}), "
