@@ -26,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from _bench_output import bar_chart  # noqa: E402
 
 WARM_START = """
 import sys, time
@@ -117,21 +119,11 @@ def main() -> None:
 
 
 def _plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = ["content id\nfirst sight", "content id\nstamps hit", "gate", "bare import\nprocess", "warm start\nprocess"]
-    keys = ["content_id_first_sight_s", "content_id_stamps_hit_s", "gate_s", "bare_import_process_s",
-            "warm_start_process_s"]
-    figure, axis = plt.subplots(figsize=(7, 3.2))
-    axis.bar(labels, [results[k] * 1e3 for k in keys], color=["#c44", "#4a4", "#4a4", "#888", "#48c"])
-    axis.set_yscale("log")
-    axis.set_ylabel("ms (log)")
-    axis.set_title("Cost of the content identity, Gemma 3 270M")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    labels = {"content id, first sight": "content_id_first_sight_s", "content id, stamps hit": "content_id_stamps_hit_s",
+              "gate": "gate_s", "bare import process": "bare_import_process_s",
+              "warm start process": "warm_start_process_s"}
+    bar_chart(path, {"Gemma 3 270M, bfloat16": {label: results[key] * 1e3 for label, key in labels.items()}},
+              title="Cost of the content identity", ylabel="ms (log)", log=True)
 
 
 if __name__ == "__main__":
