@@ -75,7 +75,11 @@ def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(ch
         seeder.load()
         build = start_build(checkpoint, cache_root, force=True)  # a new generation beside the old one
         assert build.stdout.readline().strip() == "READY"  # imports done: the build starts now
-        time.sleep(rng.uniform(0.0, 0.5))
+        named = read_marker(seeder.cache_dir, seeder.build_variant).generation
+        deadline = time.monotonic() + 60  # kill once its generation exists: inside the build on any machine
+        while not [p for p in seeder.cache_dir.glob("g*") if p.name != named] and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.1))
         build.send_signal(signal.SIGKILL)
         out, _ = build.communicate()
         assert seeder.status().warm  # readers keep the last complete generation, killed build or not
