@@ -56,7 +56,7 @@ def main() -> None:
 
     from models.common.checkpoint import DigestStamps, content_id
     from models.common.marker import weight_cache_status
-    from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+    from models.demos.real_models.prepare import prepare_gemma3_270m
     from models.gemma import Gemma3Loader
 
     snapshot = Path(prepare_gemma3_270m())

@@ -100,7 +100,7 @@ def run_case(case: str, model: str, precision: str, workdir: Path) -> dict:
 
 def resolve_model(name: str, workdir: Path) -> str:
     if name == "gemma3-270m":
-        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+        from models.demos.real_models.prepare import prepare_gemma3_270m
 
         return str(prepare_gemma3_270m())
     if name == "llama-0.6gb":

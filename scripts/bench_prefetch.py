@@ -112,7 +112,7 @@ def main() -> None:
         raise SystemExit("evicting the page cache needs root (echo 3 > /proc/sys/vm/drop_caches)")
     model = opts.model
     if model == "gemma3-270m":
-        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+        from models.demos.real_models.prepare import prepare_gemma3_270m
 
         model = str(prepare_gemma3_270m())
     env = dict(os.environ, TT_CACHE_PATH=str(opts.cache_root), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))

@@ -67,6 +67,7 @@ from models.common.decoder import (
     HF_DECODER_RULES,
     ROUTER_FORMAT,
     DecoderLoader,
+    column_blocked_output,
     fuse_qkv,
     norm_for_device,
 )
@@ -237,7 +238,8 @@ class Gemma4Loader(DecoderLoader):
         layer_args = replace(args, head_dim=shape.head_dim, n_kv_heads=shape.n_kv_heads)
         fused = fuse_qkv(state[p + "wq.weight"], wk, wv, layer_args, self.mesh_shape[1])
         sink.put(p + shape.fused_name, fused, self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], layer_args, self.mesh_shape[1]),
+                 self.linear_format(ROW_PARALLEL))
         for name in ("q_norm",) if shape.kv_shared else ("q_norm", "k_norm"):
             sink.put(p + name, self.norm(state[f"{p}{name}.weight"]), self.norm_format)
 

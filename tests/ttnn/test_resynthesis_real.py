@@ -2,7 +2,7 @@
 """Issue 11 on the real Gemma 3 270M: the producer's features, computed by the host forward from
 the warm ttnn cache (bfloat16, the dequantized checkpoint's exact weights), equal transformers'
 final hidden states of the same prompts within fp32 tolerance; stored as bfloat16 they keep
-PCC >= 0.999. ``scripts/run_tests.sh -m real_model``."""
+PCC >= 0.999. ``scripts/run_tests.sh -m real_models``."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from models.demos.gemma3_270m.prepare import prepare_gemma3_270m  # noqa: E402
+from models.demos.real_models.prepare import prepare_gemma3_270m  # noqa: E402
 from models.resynthesis.features import PositionPolicy  # noqa: E402
 from models.resynthesis.parent import FrozenParent  # noqa: E402
 from models.resynthesis.waves import FeatureProducer  # noqa: E402
 from tests.ttnn.tiny_models import pcc  # noqa: E402
 
-pytestmark = pytest.mark.real_model
+pytestmark = pytest.mark.real_models("gemma3-270m")
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n"]
 
 

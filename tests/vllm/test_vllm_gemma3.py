@@ -19,11 +19,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m, read_manifest
+from models.demos.real_models.known import known_model
+from models.demos.real_models.prepare import WEIGHTS_NAME, prepare_gemma3_270m, read_manifest
 from tests.ttnn.tiny_models import pcc
 from tests.vllm.engines import run_offline
 
-pytestmark = pytest.mark.real_model
+pytestmark = pytest.mark.real_models("gemma3-270m")
+REPO_CACHE_NAME = known_model("gemma3-270m").cache_name
 
 MODEL_ID = "google/gemma-3-270m"
 PROMPTS = [  # four lengths, one batch

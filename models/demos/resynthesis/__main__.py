@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def resolve_model(name: str) -> Path | str:
     if name == "gemma3-270m":
-        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+        from models.demos.real_models.prepare import prepare_gemma3_270m
 
         return prepare_gemma3_270m()
     return name
