@@ -29,10 +29,10 @@ from models.common.tensor_cache import host_shards
 class CachedWeights:
     """Torch views of a loaded model's ttnn weights, per mesh column, in fp32.
 
-    ``keep_fp32`` keeps every weight's fp32 columns after first use (fastest; 4 bytes a parameter).
-    Without it the columns are kept as read back (2 bytes a parameter for bf16 and bfloat8_b
-    caches) and widened to fp32 on each use: half the memory, for checking a model whose fp32 copy
-    would not fit beside transformers' (Qwen2.5-Coder 1.5B: 7 GB)."""
+    ``keep_fp32`` keeps every weight's fp32 columns after first use: fastest, and 4 bytes a
+    parameter. Without it nothing is kept: each use reads the ttnn tensor back and widens it (for a
+    few forwards of a model whose fp32 copy would not fit beside everything else: Qwen2.5-Coder
+    1.5B's is 7 GB)."""
 
     def __init__(self, loaded: LoadedModel, keep_fp32: bool = True) -> None:
         self.loaded = loaded
@@ -40,14 +40,13 @@ class CachedWeights:
         self._columns: dict[str, list[torch.Tensor]] = {}
 
     def columns(self, name: str) -> list[torch.Tensor]:
-        if name not in self._columns:
-            shards = host_shards(self.loaded.weights[name])
-            if self.keep_fp32:
-                shards = [s.float() for s in shards]
-            placement = self.loaded.formats[name].placement
-            self._columns[name] = column_blocks(shards, placement, self.loaded.mesh_shape)
-        columns = self._columns[name]
-        return columns if self.keep_fp32 else [column.float() for column in columns]
+        if name in self._columns:
+            return self._columns[name]
+        shards = [s.float() for s in host_shards(self.loaded.weights[name])]
+        columns = column_blocks(shards, self.loaded.formats[name].placement, self.loaded.mesh_shape)
+        if self.keep_fp32:
+            self._columns[name] = columns
+        return columns
 
     def full(self, name: str) -> torch.Tensor:
         """A replicated (or expert-parallel, rejoined) weight; host-consumed weights come from the

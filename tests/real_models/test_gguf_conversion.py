@@ -5,7 +5,7 @@ For each supported architecture (gemma3, llama, qwen2) a two-layer model is writ
 ``gguf`` package's writer, in the storage types the real files use (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K,
 F32), with and without a separate output head. ``models.demos.real_models.convert`` must give the
 config dict and every tensor (name, shape, bfloat16 bits) that transformers'
-``load_gguf_checkpoint`` gives for the same file: the Llama q/k row un-permutation, Gemma's shifted
+``load_gguf_checkpoint`` gives for the same file, in a model.safetensors whose bytes are ``save_file``'s: the Llama q/k row un-permutation, Gemma's shifted
 norms, Qwen2's q/k/v biases and the tied or separate head included. The real models' byte identity
 (``tests/real_models/test_prepare.py``, ``slow``) checks the same on the full files.
 """
@@ -92,6 +92,7 @@ def write_tiny_model(path: Path, architecture: str, *, separate_head: bool) -> N
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gemma3"])
 def test_conversion_equals_transformers_gguf_loader(architecture: str, separate_head: bool, tmp_path: Path) -> None:
     import transformers
+    from safetensors.torch import load_file, save_file
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     path = tmp_path / f"{architecture}.gguf"
@@ -100,7 +101,8 @@ def test_conversion_equals_transformers_gguf_loader(architecture: str, separate_
     source = convert.read_source(path, architecture)
     config = convert.hf_config(source)
     plan, processor = convert.tensor_plan(source, config)
-    ours = convert.dequantize_weights(source, plan, processor)
+    shapes = convert.write_weights(source, plan, processor, tmp_path)
+    ours = load_file(tmp_path / convert.WEIGHTS_NAME)
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
@@ -108,9 +110,12 @@ def test_conversion_equals_transformers_gguf_loader(architecture: str, separate_
 
     assert convert.gguf_config_dict(source) == theirs["config"]
     assert config.tie_word_embeddings is not separate_head
-    assert list(ours) == sorted(theirs["tensors"])
+    assert sorted(ours) == sorted(theirs["tensors"]) == list(shapes)
     for name, tensor in theirs["tensors"].items():
         assert ours[name].dtype == torch.bfloat16 and torch.equal(ours[name], tensor), name
+    # the streamed file is, byte for byte, what save_file (and so save_pretrained) writes for these tensors
+    save_file(theirs["tensors"], str(tmp_path / "save_file.safetensors"), metadata={"format": "pt"})
+    assert (tmp_path / convert.WEIGHTS_NAME).read_bytes() == (tmp_path / "save_file.safetensors").read_bytes()
     if architecture == "llama":  # the q/k rows really were un-permuted (a no-op would pass the test above only by luck)
         raw = torch.from_numpy(source.tensors["blk.0.attn_q.weight"].dequantize()).to(torch.bfloat16)
         assert not torch.equal(ours["model.layers.0.self_attn.q_proj.weight"], raw)

@@ -7,18 +7,22 @@ host reference forward (``models.common.reference``), against transformers on th
   the argmax at each position must be the next of those tokens. That is the same check as 16
   greedy steps (each step sees exactly the tokens the previous ones chose), 16 times cheaper;
 * bfloat8_b cache: logits PCC >= 0.99 on every prompt, and the first greedy token equal;
-* on meshes 1x1 and 1x2 (N300), and every warm tensor bit-identical to the cold build's.
+* on meshes 1x1 and 1x2 (N300), and every warm tensor bit-identical to the cold build's (built
+  in a child process, ``cold_build``, which reports a digest of every tensor it built).
 
 transformers runs in float32 on the bf16 checkpoint (the reference forward is float32 too), once
-per model, and is freed before the caches are built: the 1.5B model's float32 copy alone is 7 GB.
+per model, in a process of its own (``transformers_side``): the 1.5B model's float32 copy alone is
+7 GB, which must be gone before the caches are built and read.
 The default suite keeps one bfloat16 and one bfloat8_b case of the models ``requirements.txt``
 installs; the rest are ``slow`` (all run under ``scripts/run_real_model_tests.sh``).
 """
 
 from __future__ import annotations
 
-import gc
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +30,11 @@ import pytest
 import torch
 
 from models.common.reference import ReferenceDecoder
-from models.common.tensor_cache import host_shards
 from models.common.weight_cache import DEFAULT_FORCE_ENV
 from models.demos.real_models.known import KnownModel
 from models.demos.real_models.prepare import prepare_model
 from models.registry import loader_class
+from tests.real_models.cold_build import model_digests
 from tests.real_models.conftest import model_params
 
 STEPS = 16
@@ -39,8 +43,9 @@ PROMPTS = {
     True: ["What is the capital of France?", "Write a Python function that reverses a string.",
            "Explain in one sentence what a hash table is."],
 }
-# Models whose float32 copy of every weight is kept by the reference forward; bigger ones widen
-# each weight to float32 per use (half the memory, somewhat slower).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Models whose float32 copy of every weight the reference forward keeps; bigger ones read each weight
+# back per use (three forwards per case: cheaper than holding 4 bytes a parameter).
 KEEP_FP32_BELOW_BYTES = 600 << 20
 CASES = [
     pytest.param("bfloat16", (1, 1), id="bfloat16-1x1"),
@@ -59,61 +64,38 @@ class Expected:
     greedy: list[list[int]]  # STEPS tokens after each prompt
 
 
-def prompt_ids(tokenizer, model: KnownModel, text: str) -> list[int]:
-    if model.chat:
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
-    return list(tokenizer(text).input_ids)
-
-
-@torch.no_grad()
-def hf_greedy(hf, ids: list[int], steps: int) -> list[int]:
-    """transformers' greedy decoding (its KV cache, as ``generate`` does), never stopping at EOS."""
-    out = hf(torch.tensor([ids]), use_cache=True)
-    tokens = []
-    for step in range(steps):
-        tokens.append(int(out.logits[0, -1].argmax()))
-        if step + 1 < steps:
-            out = hf(torch.tensor([tokens[-1:]]), cache=out.cache, use_cache=True)
-    return tokens
-
-
 @pytest.fixture(scope="module")
 def snapshot(model: KnownModel) -> Path:
     return prepare_model(model.name)
 
 
 @pytest.fixture(scope="module")
-def expected(model: KnownModel, snapshot: Path) -> Expected:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(snapshot)
-    prompts = [prompt_ids(tokenizer, model, text) for text in PROMPTS[model.chat]]
-    hf = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = [hf(torch.tensor([ids])).logits[0] for ids in prompts]
-    greedy = [hf_greedy(hf, ids, STEPS) for ids in prompts]
-    del hf
-    gc.collect()
-    return Expected(prompts, logits, greedy)
+def expected(model: KnownModel, snapshot: Path, tmp_path_factory) -> Expected:
+    out = tmp_path_factory.mktemp("transformers") / "expected.pt"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    subprocess.run([sys.executable, "-m", "tests.real_models.transformers_side", str(snapshot), model.name, str(out),
+                    str(STEPS), *PROMPTS[model.chat]], cwd=REPO_ROOT, env=env, check=True, timeout=1800)
+    return Expected(**torch.load(out))
 
 
 def warm_after_cold(model: KnownModel, snapshot: Path, cache_root: Path, precision: str, mesh: tuple[int, int]):
-    """Cold-build a fresh cache, load it warm, check every warm tensor against the cold one; the warm load."""
+    """Cold-build a fresh cache in a child process, load it warm here; every warm tensor must have the
+    digest of the cold build's. Returns the warm load."""
+    report = cache_root.parent / "cold.json"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    env.pop(DEFAULT_FORCE_ENV, None)
+    subprocess.run([sys.executable, "-m", "tests.real_models.cold_build", str(snapshot), model.family, precision,
+                    f"{mesh[0]}x{mesh[1]}", str(cache_root), str(report)], cwd=REPO_ROOT, env=env, check=True,
+                   timeout=1800)
+    cold = json.loads(report.read_text())
+    assert not cold["warm"], cold["reason"]
     os.environ.pop(DEFAULT_FORCE_ENV, None)
-    loader = loader_class(model.family)
-    cold = loader(str(snapshot), precision=precision, mesh_shape=mesh, cache_root=cache_root).load()
-    warm = loader(str(snapshot), precision=precision, mesh_shape=mesh, cache_root=cache_root).load()
-    assert not cold.warm and warm.warm, (cold.reason, warm.reason)
-    assert set(warm.weights) == set(cold.weights) and set(warm.host_weights) == set(cold.host_weights)
-    for name in cold.weights:
-        for ours, theirs in zip(host_shards(warm.weights[name]), host_shards(cold.weights[name]), strict=True):
-            assert torch.equal(ours, theirs), f"{name}: the warm tensor differs from the cold build's"
-    for name, value in cold.host_weights.items():
-        assert torch.equal(warm.host_weights[name], value), f"host weight {name} differs from the cold build's"
-    del cold
-    gc.collect()
+    warm = loader_class(model.family)(str(snapshot), precision=precision, mesh_shape=mesh, cache_root=cache_root).load()
+    assert warm.warm, warm.reason
+    digests = model_digests(warm)
+    assert sorted(digests) == sorted(cold["digests"])
+    different = [name for name, digest in digests.items() if digest != cold["digests"][name]]
+    assert not different, f"{len(different)} warm tensors differ from the cold build's, e.g. {different[0]}"
     return warm
 
 

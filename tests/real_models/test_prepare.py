@@ -178,8 +178,9 @@ def test_torn_assembled_gguf_is_assembled_again(tmp_path: Path) -> None:
 
 
 def test_missing_package_fails_prepare_with_the_command_and_keeps_the_root_clean(tmp_path: Path) -> None:
-    """The CLI on a model whose packages are absent (here: a venv-less interpreter path where the
-    package metadata cannot be found) exits 1 naming the install command; no snapshot is published."""
+    """The CLI on a model whose package is absent (the table entry pointed at a distribution that is
+    not installed, in the child process only) exits 1 naming the install command, without a
+    traceback; its temp dir goes with the failure and no snapshot is published."""
     root = tmp_path / "root"
     probe = ("import dataclasses, sys\n"
              "from models.demos.real_models import known\n"

@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # The crash lands at a random moment of the longest conversion step (dequantization, 3-6 s here),
 # after the preparer has made its temp dir and written the config into it. Later steps would only
 # change what the temp dir holds, which the next run deletes whole either way.
-KILL_STEP = "dequantize weights ..."
+KILL_STEP = "dequantize + write weights ..."
 KILL_WINDOW_S = 1.5
 CONVERSION_TIMEOUT_S = 900
 

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import json
 import os
+import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from math import prod
@@ -41,6 +42,7 @@ from models.demos.real_models.source import PrepareError
 WEIGHTS_NAME = "model.safetensors"
 CHUNK_BYTES = 32 << 20  # float32 bytes per dequantization job
 WEIGHTS_DTYPE = "BF16"
+MAX_WEIGHTS_BYTES = 50 * 10**9  # save_pretrained's default max_shard_size ("50GB")
 # The tokenizer class transformers' AutoTokenizer resolves for a GGUF of each architecture.
 TOKENIZER_CLASSES = {"gemma3": "GemmaTokenizer", "llama": "TokenizersBackend", "qwen2": "Qwen2Tokenizer"}
 # GGUF architecture -> HF model_type where they differ (transformers' loader does the same rename).
@@ -176,32 +178,37 @@ def convert_tensor(tensor: GgufTensor, processor, pool: ThreadPoolExecutor) -> t
     return out
 
 
-def dequantize_weights(gguf: GgufFile, plan: dict[str, str], processor) -> dict[str, torch.Tensor]:
-    """Every GGUF tensor as a bfloat16 torch tensor under its HF name, sorted by name (as
-    ``save_pretrained`` orders them). Tensors go one at a time, each split over the threads, so the
-    float32 working copy is one tensor's, not the model's."""
-    out = {}
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        for tensor in gguf.tensors.values():
-            out[plan[tensor.name]] = convert_tensor(tensor, processor, pool)
-    bad = [name for name, value in out.items() if not bool(torch.isfinite(value).all())]
-    if bad:
-        raise PrepareError(f"{gguf.path}: {len(bad)} tensors have NaN or inf values after dequantization, e.g. {bad[0]}")
-    return dict(sorted(out.items()))
+def write_weights(gguf: GgufFile, plan: dict[str, str], processor, out_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Write model.safetensors tensor by tensor; returns every tensor's HF name and shape.
 
-
-def save_config(config, out_dir: Path) -> None:
-    """config.json and generation_config.json, as ``save_pretrained`` of the model writes them."""
-    transformers = _transformers()
-    config.save_pretrained(out_dir)
-    transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
-
-
-def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path) -> None:
-    """model.safetensors: bfloat16, names sorted, ``{"format": "pt"}`` (what ``save_pretrained`` writes)."""
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    The file is byte for byte what ``safetensors.torch.save_file(tensors, metadata={"format": "pt"})``
+    (and so ``save_pretrained``) writes for these bfloat16 tensors: compact JSON header, the metadata
+    first, tensors sorted by name and stored in that order, the header padded with spaces to 8 bytes.
+    Streaming it keeps one tensor in memory instead of the model twice over (``save_file`` serializes
+    the whole model into one buffer first). Tensors go one at a time, each split over the threads
+    (see :func:`convert_tensor`)."""
+    order = sorted(plan.items(), key=lambda item: item[1])
+    shapes = {name: gguf.tensors[source].shape for source, name in order}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": WEIGHTS_DTYPE, "shape": list(shape), "data_offsets": [offset, offset + 2 * prod(shape)]}
+        offset += 2 * prod(shape)
+    if offset > MAX_WEIGHTS_BYTES:
+        raise PrepareError(f"{gguf.path}: {offset:,} bytes of weights; save_pretrained would shard them, "
+                           f"this writer writes one file (at most {MAX_WEIGHTS_BYTES:,} bytes)")
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(out_dir / WEIGHTS_NAME, "xb") as out, ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        out.write(struct.pack("<Q", len(blob)) + blob)
+        for source, name in order:
+            tensor = convert_tensor(gguf.tensors[source], processor, pool)
+            if tuple(tensor.shape) != shapes[name]:
+                raise PrepareError(f"{source}: converted to shape {tuple(tensor.shape)}, the GGUF says {shapes[name]}")
+            if not bool(torch.isfinite(tensor).all()):
+                raise PrepareError(f"{gguf.path}: {source} ({name}) has NaN or inf values after dequantization")
+            out.write(memoryview(tensor.view(torch.int16).numpy()).cast("B"))
+    return shapes
 
 
 def save_tokenizer(gguf_path: Path, architecture: str, out_dir: Path) -> None:

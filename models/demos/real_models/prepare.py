@@ -193,12 +193,8 @@ def convert(model: KnownModel, gguf_path: Path, out_dir: Path) -> None:
         config = conversion.hf_config(gguf)
         conversion.save_config(config, out_dir)
         plan, processor = conversion.tensor_plan(gguf, config)
-    with _step(model, "dequantize weights"):
-        tensors = conversion.dequantize_weights(gguf, plan, processor)
-    with _step(model, "save weights"):
-        conversion.save_weights(tensors, out_dir)
-    expected = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
-    del tensors
+    with _step(model, "dequantize + write weights"):
+        expected = conversion.write_weights(gguf, plan, processor, out_dir)
     with _step(model, "load + save tokenizer"):
         conversion.save_tokenizer(gguf_path, model.architecture, out_dir)
     with _step(model, "verify"):

