@@ -211,6 +211,13 @@ def write_weights(gguf: GgufFile, plan: dict[str, str], processor, out_dir: Path
     return shapes
 
 
+def save_config(config, out_dir: Path) -> None:
+    """config.json and generation_config.json, as ``save_pretrained`` of the model writes them."""
+    transformers = _transformers()
+    config.save_pretrained(out_dir)
+    transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+
+
 def save_tokenizer(gguf_path: Path, architecture: str, out_dir: Path) -> None:
     """The tokenizer rebuilt from the GGUF's vocabulary, saved in the usual HF files (and the chat
     template, which the GGUF carries, as ``chat_template.jinja``)."""
