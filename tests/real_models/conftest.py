@@ -57,3 +57,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A directory for what a test builds (caches, converted checkpoints: gigabytes for the 1.5B
+    model), deleted when the test ends, pass or fail: pytest would keep every test's tmp_path until
+    the session ends, 20 GB across the real-model suite."""
+    import shutil
+
+    path = tmp_path / "scratch"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

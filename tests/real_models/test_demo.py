@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The main job (``python -m models.demos.real_models.demo``, what ``scripts/run_demo.sh`` runs) on a
 real model other than the default: prepare (already done), cold build, warm build in a fresh
-process, verify, and the completion from the warm cache next to transformers'."""
+process, verify, and the completion from the warm cache next to transformers'. ``slow`` (about a
+minute; the parity tests cover the same loads): it runs with the rest of ``-m real_models``."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def _demo(*args: str, cache: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=1800)
 
 
-@pytest.mark.parametrize("model", model_params(names=("smollm2-135m",)))
-def test_demo_runs_the_main_job_on_a_chat_model(model, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", model_params(names=("smollm2-135m",), marks=(pytest.mark.slow,)))
+def test_demo_runs_the_main_job_on_a_chat_model(model, scratch: Path) -> None:
     snapshot = prepare_model(model.name)
     done = _demo("--model", model.name, "--precision", "bfloat16", "--mesh", "N300", "--steps", "6",
-                 cache=tmp_path / "cache")
+                 cache=scratch / "cache")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"{model.name} ({model.repo_id}, llama; bfloat16, mesh N300) from {snapshot}" in out
@@ -40,7 +41,7 @@ def test_demo_runs_the_main_job_on_a_chat_model(model, tmp_path: Path) -> None:
     ours = next(line for line in out.splitlines() if "from the warm cache (host reference forward):" in line)
     theirs = next(line for line in out.splitlines() if line.strip().startswith("transformers:"))
     assert ours.split(":", 1)[1].strip() == theirs.split(":", 1)[1].strip() != "''"
-    assert str(tmp_path / "cache") in out  # the cache went where TT_CACHE_PATH points
+    assert str(scratch / "cache") in out  # the cache went where TT_CACHE_PATH points
 
 
 def test_demo_refuses_an_unknown_model(tmp_path: Path) -> None:

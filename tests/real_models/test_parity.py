@@ -105,8 +105,8 @@ def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("model", model_params(), scope="module")
 @pytest.mark.parametrize(("precision", "mesh"), CASES)
-def test_warm_cache_matches_transformers(model, precision, mesh, snapshot, expected, tmp_path):
-    warm = warm_after_cold(model, snapshot, tmp_path / "cache", precision, mesh)
+def test_warm_cache_matches_transformers(model, precision, mesh, snapshot, expected, scratch):
+    warm = warm_after_cold(model, snapshot, scratch / "cache", precision, mesh)
     reference = ReferenceDecoder(warm, keep_fp32=model.size < KEEP_FP32_BELOW_BYTES)
     report = []
     for ids, theirs, tokens in zip(expected.prompts, expected.logits, expected.greedy, strict=True):

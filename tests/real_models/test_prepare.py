@@ -84,12 +84,12 @@ def test_second_prepare_is_the_fast_path(model: KnownModel) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", model_params())
-def test_prepared_files_are_bit_identical_to_the_transformers_conversion(model: KnownModel, tmp_path: Path) -> None:
+def test_prepared_files_are_bit_identical_to_the_transformers_conversion(model: KnownModel, scratch: Path) -> None:
     """Every file of the snapshot (weights, config, generation config, tokenizer, chat template)
     equals, byte for byte, what transformers' own GGUF loader and ``save_pretrained`` write from the
     same GGUF (``AutoTokenizer`` for the tokenizer)."""
     snapshot = prepare_model(model.name)
-    reference = tmp_path / "transformers"
+    reference = scratch / "transformers"
     subprocess.run([sys.executable, "-m", "models.demos.real_models.transformers_recipe", str(assemble_gguf(model)),
                     str(reference)], cwd=REPO_ROOT, env=_env(), check=True, timeout=CONVERSION_TIMEOUT_S)
     ours = sorted(path.name for path in snapshot.iterdir() if path.name != MANIFEST_NAME)

