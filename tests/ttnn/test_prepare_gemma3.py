@@ -27,7 +27,6 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no hub here; everything below reads local files
 
-from models.common.fileio import is_temp_path, sha256_file  # noqa: E402
 from models.demos.real_models import convert  # noqa: E402
 from models.demos.real_models.gguf_file import GgufError, read_gguf  # noqa: E402
 from models.demos.real_models.known import known_model  # noqa: E402

@@ -68,7 +68,8 @@ def read_source(gguf_path: Path, architecture: str) -> GgufFile:
     if found != architecture:
         raise PrepareError(f"{gguf_path}: architecture {found!r}, expected {architecture!r}")
     if found not in TOKENIZER_CLASSES:
-        raise PrepareError(f"{gguf_path}: architecture {found!r} is not supported; supported: {sorted(TOKENIZER_CLASSES)}")
+        raise PrepareError(f"{gguf_path}: architecture {found!r} is not supported; "
+                           f"supported: {sorted(TOKENIZER_CLASSES)}")
     return gguf
 
 
@@ -82,7 +83,8 @@ def gguf_config_dict(gguf: GgufFile) -> dict[str, Any]:
     if "llama" in architecture and gguf.metadata.get("general.name") == "mistral":
         updated = "mistral"  # llama.cpp files Mistral under llama; transformers renames it back
     config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in gguf.tensors}
-    for key, value in (GGUF_CONFIG_DEFAULTS_MAPPING.get(updated) or GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}).items():
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(updated) or GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}
+    for key, value in defaults.items():
         config.setdefault(key, value)
     for key, value in gguf.metadata.items():
         prefix, _, rest = key.replace(architecture, updated).partition(".")
@@ -192,8 +194,9 @@ def write_weights(gguf: GgufFile, plan: dict[str, str], processor, out_dir: Path
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in shapes.items():
-        header[name] = {"dtype": WEIGHTS_DTYPE, "shape": list(shape), "data_offsets": [offset, offset + 2 * prod(shape)]}
-        offset += 2 * prod(shape)
+        end = offset + 2 * prod(shape)
+        header[name] = {"dtype": WEIGHTS_DTYPE, "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
     if offset > MAX_WEIGHTS_BYTES:
         raise PrepareError(f"{gguf.path}: {offset:,} bytes of weights; save_pretrained would shard them, "
                            f"this writer writes one file (at most {MAX_WEIGHTS_BYTES:,} bytes)")

@@ -82,7 +82,8 @@ def prompt_ids(tokenizer, model: KnownModel, prompt: str) -> list[int]:
     return list(tokenizer(prompt).input_ids)
 
 
-def completions(model: KnownModel, snapshot: Path, precision: str, mesh: str, prompt: str, steps: int) -> tuple[str, str]:
+def completions(model: KnownModel, snapshot: Path, precision: str, mesh: str, prompt: str,
+                steps: int) -> tuple[str, str]:
     """(reference forward from the warm cache, transformers) greedy completions of ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=list(KNOWN_MODELS))
     parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
     parser.add_argument("--mesh", default="1x1")
-    parser.add_argument("--prompt", default=None, help="default: a question for instruct models, else a sentence to complete")
+    parser.add_argument("--prompt", default=None,
+                        help="default: a question for instruct models, else a sentence to complete")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
