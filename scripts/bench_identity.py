@@ -55,7 +55,7 @@ def main() -> None:
     options = parser.parse_args()
 
     from models.common.checkpoint import DigestStamps, content_id
-    from models.common.marker import weight_cache_status
+    from models.common.weight_cache.marker import weight_cache_status
     from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
     from models.gemma import Gemma3Loader
 

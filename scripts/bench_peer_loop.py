@@ -104,7 +104,7 @@ def resolve_model(name: str, workdir: Path) -> str:
 
         return str(prepare_gemma3_270m())
     if name == "llama-0.6gb":
-        from tests.ttnn.helpers.llama_shaped import make_in_child
+        from models.testing.llama_shaped import make_in_child
 
         return str(make_in_child(workdir / "llama-0.6gb", 4))
     return name

@@ -36,8 +36,8 @@ import json, mmap, os, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
-from models.common.marker import read_marker
-from models.common.tensor_cache import tensorbin_name
+from models.common.weight_cache.marker import read_marker
+from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import family_of, loader_class
 from models.common.checkpoint import read_config, resolve_checkpoint_dir
 model, precision, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])

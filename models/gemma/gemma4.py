@@ -70,7 +70,7 @@ from models.common.decoder import (
     fuse_qkv,
     norm_for_device,
 )
-from models.common.loader import WeightSink
+from models.common.conversion import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
 from models.common.weight_cache import fp32_elementwise

@@ -24,10 +24,10 @@ from typing import Any
 import models
 from models.common.checkpoint import CONFIG_FILE, CheckpointError, hub_cache_dir, read_config, resolve_checkpoint_dir
 from models.common.loader import WeightLoader
-from models.common.marker import WeightCacheError
 from models.common.mesh import parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import PRECISIONS
+from models.common.weight_cache.marker import WeightCacheError
+from models.common.weight_cache.tensor_cache import PRECISIONS
 from models.registry import FAMILY_LOADERS, family_of, loader_class
 from models.seeding.plan import Combination, Plan
 from models.seeding.progress import EventDecoder, ProgressTracker, StallWatchdog
@@ -69,14 +69,14 @@ def _family(combination: Combination) -> tuple[str, Path | None]:
         raise SeedInputError(f"{checkpoint / CONFIG_FILE}: {error}") from None
 
 
-def open_model(combination: Combination, cache_root: str | None = None,
-               num_layers: int | None = None) -> tuple[WeightLoader, ModelArgs]:
+def open_model(combination: Combination, cache_root: str | None = None, num_layers: int | None = None,
+               force: bool | None = None) -> tuple[WeightLoader, ModelArgs]:
     """The combination's loader and architecture, or :class:`SeedInputError` naming what is wrong."""
     family, checkpoint = _family(combination)
     try:
         loader = loader_class(family)(combination.model, mesh_shape=combination.mesh,
                                       precision=combination.precision, cache_root=cache_root,
-                                      num_layers=num_layers, components=combination.components)
+                                      num_layers=num_layers, components=combination.components, force=force)
         config = loader.model_config()
         loader.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
     except CheckpointError as error:
@@ -92,11 +92,11 @@ def open_model(combination: Combination, cache_root: str | None = None,
         raise SeedInputError(f"{where}: unusable for a {family} model ({error})") from None
 
 
-def build_one(combination: Combination, *, cache_root: str | None = None,
-              num_layers: int | None = None) -> CaseResult:
+def build_one(combination: Combination, *, cache_root: str | None = None, num_layers: int | None = None,
+              force: bool | None = None) -> CaseResult:
     """``tt-cache build``: load in this process (warm or cold) and say whether the cache is now warm."""
     start = time.perf_counter()
-    loader, args = open_model(combination, cache_root, num_layers)
+    loader, args = open_model(combination, cache_root, num_layers, force)
     try:
         loaded = loader.load()
     except CheckpointError as error:

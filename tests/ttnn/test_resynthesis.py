@@ -32,7 +32,7 @@ from models.resynthesis.features import PositionPolicy, authority_for, prompt_te
 from models.resynthesis.parent import FrozenParent
 from models.resynthesis.source import ParentFeatureSource
 from models.resynthesis.waves import FeatureProducer, ProducerError, produce_waves
-from tests.ttnn.tiny_models import make_checkpoint, pcc
+from models.testing.tiny_models import make_checkpoint, pcc
 
 REPO = Path(__file__).resolve().parents[2]
 KILL_TRIALS = 20

@@ -17,7 +17,7 @@ from models.demos.gemma3_270m.prepare import prepare_gemma3_270m  # noqa: E402
 from models.resynthesis.features import PositionPolicy  # noqa: E402
 from models.resynthesis.parent import FrozenParent  # noqa: E402
 from models.resynthesis.waves import FeatureProducer  # noqa: E402
-from tests.ttnn.tiny_models import pcc  # noqa: E402
+from models.testing.tiny_models import pcc  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n"]

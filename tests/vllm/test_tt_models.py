@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.ttnn.tiny_models import hf_greedy, hf_logits, make_checkpoint, pcc
+from models.testing.tiny_models import hf_greedy, hf_logits, make_checkpoint, pcc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]

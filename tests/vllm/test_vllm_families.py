@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ttnn.tiny_models import hf_greedy, make_checkpoint
+from models.testing.tiny_models import hf_greedy, make_checkpoint
 from tests.vllm.engines import token_prompts, vllm_engine
 
 PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33], [7, 8, 9], [100, 200, 300, 400, 50, 60], [42], [3, 1, 4, 1, 5, 9, 2, 6, 5]]
@@ -20,7 +20,7 @@ STEPS = 6
 
 
 def make_gemma4(directory: Path) -> Path:
-    from tests.ttnn.test_gemma4 import make_text_checkpoint
+    from models.testing.tiny_gemma4 import make_text_checkpoint
 
     return make_text_checkpoint(directory, "kv_shared")
 

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m, read_manifest
-from tests.ttnn.tiny_models import pcc
+from models.testing.tiny_models import pcc
 from tests.vllm.engines import run_offline
 
 pytestmark = pytest.mark.real_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ttnn.tiny_models import hf_greedy, make_checkpoint
+from models.testing.tiny_models import hf_greedy, make_checkpoint
 from tests.vllm.engines import token_prompts, vllm_engine
 
 PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33], [7, 8, 9], [100, 200, 300, 400, 50, 60], [42], [3, 1, 4, 1, 5]]
