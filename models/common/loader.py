@@ -360,7 +360,8 @@ class WeightLoader(ABC):
         start = time.perf_counter()
         args = self.make_args(self.model_config(), self.num_layers)
         if self.forced:
-            return self._load_cold(args, "cold build forced", start)
+            why = "force=True" if self.force else f"{self.force_env}=1"
+            return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
         if loaded is not None:
             return loaded

@@ -68,7 +68,7 @@ def make_in_child(directory: Path, layers: int) -> Path:
     import os
     import subprocess
 
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(repo))
     subprocess.run([sys.executable, "-m", "models.testing.llama_shaped", str(directory), str(layers)],
                    cwd=repo, env=env, check=True, capture_output=True)

@@ -57,7 +57,7 @@ def main() -> None:
 
 # -- the parent's side -----------------------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
@@ -67,7 +67,7 @@ def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
 
     marker = read_marker(cache_dir, build_variant)
     records = marker.all_files()
-    body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None}
+    body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None, "verified_ns": None}
     body["files"] = sorted((build_relative(r.path, marker.generation), r.bytes, r.digest) for r in records)
     return body
 

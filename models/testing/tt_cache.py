@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_env(cache_root: Path | None = None, **extra: str) -> dict[str, str]:

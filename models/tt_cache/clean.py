@@ -93,7 +93,10 @@ def clean_cache_tree(root: Path, *, invalidate: bool = False) -> CleanReport:
     for cache_dir in report.cache_dirs:
         with build_lock(VariantPaths(cache_dir), blocking=False, create=False) as lock:
             if not lock.held:
-                report.busy.append(cache_dir)
+                if lock.busy:
+                    report.busy.append(cache_dir)
+                else:
+                    report.errors.append((cache_dir, lock.why))
                 continue
             _clean_dir(cache_dir, report, invalidate)
     return report

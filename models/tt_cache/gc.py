@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import unlink_beneath
-from models.common.weight_cache.generations import build_lock, retire_unnamed
+from models.common.weight_cache.generations import LockState, build_lock, retire_unnamed
 from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.marker import WeightCacheMarker, forget_markers, iter_markers
 from models.common.weight_cache.usage import forget_use
@@ -149,7 +149,7 @@ def evict(variant: VariantInfo) -> tuple[str | None, int, list[str]]:
     paths = VariantPaths(cache_dir, marker.build_variant)
     with build_lock(paths, blocking=False, create=False) as lock:
         if not lock.held:
-            return "a builder holds the cache dir's build lock", 0, []
+            return _lock_refused(lock), 0, []
         stamp = marker_stamp(marker_file)
         if stamp is None:
             return "its marker is gone already", 0, []
@@ -169,6 +169,13 @@ def evict(variant: VariantInfo) -> tuple[str | None, int, list[str]]:
     return None, freed + retired.freed_bytes, retired.leased
 
 
+def _lock_refused(lock: LockState) -> str:
+    """Why not, when a builder holds the lock (skip: try next time); raise when it cannot be taken."""
+    if lock.busy:
+        return "a builder holds the cache dir's build lock"
+    raise OSError(lock.why)
+
+
 def _lsize(path: Path) -> int:
     try:
         return os.lstat(path).st_size
@@ -180,9 +187,13 @@ def remove_leftover(build: LeftoverBuild) -> tuple[str | None, int, list[str]]:
     """Retire a leftover build under its dir's build lock: (why not, bytes freed, still leased)."""
     with build_lock(build.paths, blocking=False, create=False) as lock:
         if not lock.held:
-            return "a builder holds the cache dir's build lock", 0, []
+            return _lock_refused(lock), 0, []
         retired = retire_unnamed(build.paths)
     return None, retired.freed_bytes, retired.leased
+
+
+def _describe(error: OSError) -> str:
+    return f"{error.strerror} ({error.filename})" if error.strerror else str(error)
 
 
 def collect_garbage(plan: GcResult) -> GcResult:
@@ -192,7 +203,7 @@ def collect_garbage(plan: GcResult) -> GcResult:
         try:
             why, freed, leased = evict(eviction.variant)
         except OSError as error:
-            done.errors.append((eviction.marker_file, f"{error.strerror or error} ({error.filename})"))
+            done.errors.append((eviction.marker_file, _describe(error)))
             continue
         if why is not None:
             done.skipped.append((eviction.marker_file, why))
@@ -207,7 +218,7 @@ def collect_garbage(plan: GcResult) -> GcResult:
         try:
             why, freed, leased = remove_leftover(build)
         except OSError as error:
-            done.errors.append((build.cache_dir / build.name, f"{error.strerror or error}"))
+            done.errors.append((build.cache_dir / build.name, _describe(error)))
             continue
         if why is not None:
             done.skipped.append((build.cache_dir / build.name, why))

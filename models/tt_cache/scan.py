@@ -115,8 +115,12 @@ def _size(path: Path) -> int:
 
 
 def _recorded_bytes(marker_file: Path, marker: WeightCacheMarker) -> int:
-    """Bytes on disk of the files a marker vouches for (what evicting the variant frees)."""
-    return _size(marker_file) + sum(_size(marker_file.parent / record.path) for record in marker.all_files())
+    """Bytes on disk of what evicting the variant frees: the marker, its generation (everything in
+    it) and the files it records outside one (the seed API's layout)."""
+    cache_dir, prefix = marker_file.parent, f"{marker.generation}/" if marker.generation else None
+    outside = [r for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)]
+    inside = tree_bytes(cache_dir / marker.generation) if marker.generation else 0
+    return _size(marker_file) + inside + sum(_size(cache_dir / record.path) for record in outside)
 
 
 def scan_variant(cache_dir: Path, marker_file: Path, marker: WeightCacheMarker | None, problem: str) -> VariantInfo:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from models.common.checkpoint import CheckpointError
+from models.common.fileio import content_digest_file
 from models.common.safetensors_file import SafetensorsFile
 from models.common.weight_cache import list_cache_files, read_marker, verify_weight_cache
 from models.registry import loader_class
@@ -107,7 +108,8 @@ def test_seed_that_fails_midway_leaves_the_cache_cold(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="no tensor for"):
         loader.seed()
     assert not loader.status().warm
-    assert list_cache_files(loader.cache_dir), "the weights before the failure were written"
+    assert not list_cache_files(loader.cache_dir), "a failed build leaves none of the files it wrote"
+    assert [p.name for p in loader.cache_dir.iterdir()] == [".build.lock"]
 
 
 def test_released_checkpoint_pages_read_back_the_same(tiny):
@@ -176,6 +178,6 @@ def test_partitioned_conversion_writes_the_files_of_a_single_process_seed(family
     written: dict[str, str] = {}
     for names in groups:
         part = convert_part(LoaderSpec.of(single), names, str(tmp_path / "parts"))
-        assert not set(part["digests"]) & set(written), "a file written by two parts"
-        written |= part["digests"]
+        assert not set(part["sizes"]) & set(written), "a file written by two parts"
+        written |= {relative: content_digest_file(tmp_path / "parts" / relative) for relative in part["sizes"]}
     assert written == expected

@@ -66,7 +66,7 @@ def test_an_odd_marker_is_cold_in_one_line_and_never_hides_the_other_caches(good
         assert marker.name in out.stdout, (command, out.stdout)
     gc = tt_cache("gc", str(root), "--max-size", "0", "--dry-run", "--json", env=env)
     assert gc.returncode == 0 and "Traceback" not in gc.stderr
-    assert [s["marker"] for s in json_out(gc)["skipped"]] == [str(marker)]  # not provably ours: left alone
+    assert [s["path"] for s in json_out(gc)["skipped"]] == [str(marker)]  # not provably ours: left alone
 
 
 def test_verify_names_an_unreadable_file(good, tmp_path):

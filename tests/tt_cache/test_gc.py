@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models.common.weight_cache.marker import last_used_path
+from models.common.weight_cache.layout import VariantPaths
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader
 from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
@@ -98,7 +98,7 @@ def test_max_size_evicts_lru_first_while_a_reader_of_another_variant_stays_warm(
 
 def test_older_than_evicts_only_variants_unused_that_long(three_variants):
     root, dirs = three_variants["root"], three_variants["dirs"]
-    stamp = last_used_path(dirs["C"], three_variants["variants"]["C"])
+    stamp = VariantPaths(dirs["C"], three_variants["variants"]["C"]).last_used
     long_ago = time.time() - 40 * 86400
     os.utime(stamp, (long_ago, long_ago))
     gc = tt_cache("gc", str(root), "--older-than", "30d", "--json", env=cli_env())

@@ -19,6 +19,7 @@ import torch
 
 from models.common.weight_cache import read_marker, verify_weight_cache
 from models.llama import LlamaLoader
+from models.testing.cache_child import Child
 from models.testing.tiny_models import make_checkpoint, tensors_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,17 +92,19 @@ def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(ch
     assert killed_mid_build >= 2, f"only {killed_mid_build} of 6 kills landed inside a build"
 
 
-def test_the_next_build_retires_a_killed_builds_generation(checkpoint, tmp_path, monkeypatch):
+def test_the_next_build_retires_a_killed_builds_generation_and_nothing_else(checkpoint, tmp_path):
     cache_root = tmp_path / "cache"
     seeder = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root)
     seeder.load()
-    orphan = seeder.cache_dir / "g0-dead"
-    (orphan / "layers.0").mkdir(parents=True)
-    (orphan / "layers.0" / "half.tensorbin").write_bytes(b"x" * 100)
-    monkeypatch.setenv("TT_TRANSFORMERS_FORCE_MODEL_LOAD", "1")
-    LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root).load()
-    generations = [p.name for p in seeder.cache_dir.glob("g*")]
-    assert generations == [read_marker(seeder.cache_dir, seeder.build_variant).generation]
+    with Child("build", str(seeder.cache_dir), seeder.paths.tag) as builder:  # SIGKILLed on exit
+        killed = builder.detail
+    look_alike = seeder.cache_dir / "g0-dead00"  # a generation's name, but no record: not provably ours
+    (look_alike / "layers.0").mkdir(parents=True)
+    (look_alike / "layers.0" / "half.tensorbin").write_bytes(b"x" * 100)
+    LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root, force=True).load()
+    generations = sorted(p.name for p in seeder.cache_dir.glob("g*"))
+    assert killed not in generations
+    assert generations == sorted([read_marker(seeder.cache_dir, seeder.build_variant).generation, look_alike.name])
 
 
 def test_concurrent_cold_builds_all_succeed_and_agree(checkpoint, reference, tmp_path):

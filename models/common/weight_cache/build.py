@@ -114,7 +114,7 @@ class BuildTransaction:
         """Make this build's generation (with its record, lease held) and return its directory.
         Raises ``OSError`` when the cache cannot be written."""
         if not self.lock.held:
-            raise PermissionError(f"cannot cache into {self.paths.cache_dir}: {self.lock.why}")
+            raise PermissionError(f"{self.paths.cache_dir} is not writable: {self.lock.why}")
         self.generation = Generation(self.paths)
         return self.generation.path
 

@@ -182,10 +182,11 @@ class Generation:
 @dataclass(frozen=True)
 class LockState:
     """How the build lock is held: ``held`` (by this process, shared lock file or per-user
-    stand-in) and ``why`` not, or how."""
+    stand-in), else ``busy`` (another process holds it) or not lockable at all; ``why`` says which."""
 
     held: bool
     why: str = ""
+    busy: bool = False
 
 
 def _lock(fd: int, cache_dir: Path) -> None:
@@ -219,7 +220,7 @@ def build_lock(paths: VariantPaths, *, blocking: bool = True, create: bool = Tru
             if blocking:
                 _lock(fd, paths.cache_dir)
             elif not try_flock(fd, exclusive=True):
-                yield LockState(False, "another process holds the build lock")
+                yield LockState(False, "another process holds the build lock", busy=True)
                 return
             state = LockState(True)
         except OSError as error:  # NFSv4: no exclusive lock on a read-only descriptor (EBADF)
@@ -250,7 +251,7 @@ def _user_lock(paths: VariantPaths, blocking: bool) -> Iterator[LockState]:
         if blocking:
             _lock(fd, paths.cache_dir)
         elif not try_flock(fd, exclusive=True):
-            yield LockState(False, "another process holds the per-user build lock")
+            yield LockState(False, "another process holds the per-user build lock", busy=True)
             return
         yield LockState(True, why)
     finally:
