@@ -212,9 +212,10 @@ def collect_garbage(plan: GcResult) -> GcResult:
         done.freed_bytes += freed
         done.deferred += [(eviction.variant.cache_dir / name, "a reader holds it: removed by the next build, gc "
                            "or warm start") for name in leased]
+    deferred = {path for path, _ in done.deferred}
     for build in plan.leftovers:
-        if not (build.cache_dir / build.name).exists():
-            continue  # retired with an evicted variant above
+        if not (build.cache_dir / build.name).exists() or build.cache_dir / build.name in deferred:
+            continue  # retired, or found leased, with an evicted variant above
         try:
             why, freed, leased = remove_leftover(build)
         except OSError as error:

@@ -238,3 +238,90 @@ def test_clean_removes_dead_writers_temps_only(good, tmp_path):
     finally:
         live_writer.kill()
         live_writer.wait()
+
+
+# -- a partial download, a bad index, a racing writer, a name with glob characters, a closed pipe
+
+
+def _sharded_copy(checkpoint: Path, target: Path) -> Path:
+    """The checkpoint split over two shards in a subfolder, with its index."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(parents=True)
+    shutil.copyfile(checkpoint / "config.json", target / "config.json")
+    state = load_file(checkpoint / "model.safetensors")
+    names = sorted(state)
+    shards = {"weights/part-1.safetensors": names[::2], "weights/part-2.safetensors": names[1::2]}
+    (target / "weights").mkdir()
+    for shard, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(target / shard))
+    (target / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    return target
+
+
+def test_a_missing_shard_is_bad_input_naming_the_shard(good, tmp_path):
+    from models.common.checkpoint import CheckpointError
+    from models.llama import LlamaLoader
+
+    checkpoint = _sharded_copy(good[0], tmp_path / "partial")
+    (checkpoint / "weights" / "part-2.safetensors").unlink()  # an interrupted download
+    with pytest.raises(CheckpointError, match="weights/part-2.safetensors"):
+        LlamaLoader(checkpoint, precision="bfloat16", cache_root=tmp_path / "cache").load()
+    built = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(tmp_path / "cache"))
+    assert built.returncode == 2 and "weights/part-2.safetensors" in error_line(built, "build")
+    assert "Traceback" not in built.stderr
+
+
+@pytest.mark.parametrize("weight_map", ['"all"', '{"model.norm.weight": 3}', '{}'], ids=["string", "number", "empty"])
+def test_a_malformed_weight_map_is_bad_input(good, tmp_path, weight_map):
+    checkpoint = _sharded_copy(good[0], tmp_path / "bad-index")
+    (checkpoint / "model.safetensors.index.json").write_text('{"weight_map": %s}' % weight_map)
+    built = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(tmp_path / "cache"))
+    assert built.returncode == 2 and "weight_map" in error_line(built, "build"), built.stderr[-2000:]
+
+
+def test_clean_next_to_a_writer_that_publishes_its_temps_never_crashes(good, tmp_path):
+    """A writer renames its temp files into place while clean lists and inspects them."""
+    _, _, cache_dir = good
+    root, _ = _copy_cache(cache_dir, tmp_path / "root" / "mesh_1x1")
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, itertools\n"
+        "from pathlib import Path\n"
+        "from models.common.fileio import unique_temp_path\n"
+        "root = Path(sys.argv[1])\n"
+        "for i in itertools.count():\n"
+        "    temp = unique_temp_path(root / f'file{i % 50}.bin')\n"
+        "    temp.write_bytes(b'x')\n"
+        "    os.replace(temp, root / f'file{i % 50}.bin')\n"), str(root)], env=cli_env(), cwd=REPO_ROOT)
+    try:
+        for _ in range(15):
+            clean = tt_cache("clean", str(root), "--json", env=cli_env())
+            assert clean.returncode in (0, 1) and "Traceback" not in clean.stderr, clean.stderr[-2000:]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_model_folder_with_glob_characters_finds_its_own_cache(good, tmp_path):
+    checkpoint = shutil.copytree(good[0], tmp_path / "llama[v2]")
+    env = cli_env(tmp_path / "cache")
+    assert tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=env).returncode == 0
+    again = tt_cache("build", str(checkpoint), "--precision", "bfloat16", "--json", env=env)
+    assert again.returncode == 0 and json_out(again)["outcome"] == "warm"
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.unlink()  # cache-only: found by its recorded model id, not a pattern
+    only = tt_cache("build", str(checkpoint), "--precision", "bfloat16", "--json", env=env)
+    assert only.returncode == 0 and json_out(only)["outcome"] == "warm", only.stderr[-2000:]
+
+
+def test_a_closed_pipe_ends_the_cli_quietly(good, tmp_path):
+    """``tt-cache ls --json | head -1`` with more output than a pipe holds: no traceback."""
+    _, _, cache_dir = good
+    root = tmp_path / "many"
+    for index in range(150):
+        _copy_cache(cache_dir, root / f"model-{index:03d}" / "mesh_1x1")
+    command = f"{sys.executable} -m models.tt_cache.cli ls {root} --json | head -1"
+    piped = subprocess.run(["bash", "-c", command], env=cli_env(), cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert piped.stdout.strip() == "{" and piped.stderr == "", piped.stderr[-2000:]

@@ -97,7 +97,7 @@ def test_nothing_without_this_variants_record_is_ever_removed(paths, tmp_path):
     assert other_model.is_dir() and look_alike.is_dir() and forged.is_dir()
     assert other_variant.generation_dir(theirs).is_dir()
     assert elsewhere.generation_dir(target).is_dir() and (cache / "g1-aaaaaa").is_symlink()
-    assert not retire(paths, "g1-aaaaaa") and not retire(paths, "gemma-2b")
+    assert retire(paths, "g1-aaaaaa") is None and retire(paths, "gemma-2b") is None
 
 
 def test_a_reader_never_leases_a_generation_being_retired(paths):

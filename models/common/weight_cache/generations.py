@@ -169,7 +169,7 @@ class Generation:
     def remove(self) -> None:
         """Delete this build's own generation (it failed): it is ours by construction."""
         self.release()
-        if not retire(self.paths, self.name):
+        if retire(self.paths, self.name) is None:
             logger.warning(f"Could not remove the failed build's generation {self.path}; the next build or "
                            f"'tt-cache clean' removes it")
 
@@ -305,47 +305,48 @@ def retire_unnamed(paths: VariantPaths) -> Retirement:
     for name in owned_generations(paths):
         if name in keep:
             continue
-        size = tree_bytes(paths.generation_dir(name))
-        if retire(paths, name):
-            result.retired.append(name)
-            result.freed_bytes += size
-        else:
+        freed = retire(paths, name)
+        if freed is None:
             result.leased.append(name)
+        else:
+            result.retired.append(name)
+            result.freed_bytes += freed
     result.freed_bytes += _remove_retired_debris(paths)
     return result
 
 
-def retire(paths: VariantPaths, name: str) -> bool:
-    """Rename one owned generation aside and delete it, unless a lease is held on it. False when
-    it is leased, not this variant's, or cannot be renamed."""
+def retire(paths: VariantPaths, name: str) -> int | None:
+    """Rename one owned generation aside and delete it, unless a lease is held on it. Returns the
+    bytes freed, or None when it is leased, not this variant's, or cannot be renamed."""
     directory = paths.generation_dir(name)
     record = read_record(directory)
     if record is None or record.variant != paths.tag:
-        return False
+        return None
     try:
         fd = open_lock_file(directory / READERS_LEASE, create=False)
     except FileNotFoundError:
         fd = None  # the lease file was removed: nobody can hold it
     except OSError:
-        return False
+        return None
     try:
         if fd is not None:
             try:
                 if not try_flock(fd, exclusive=True):
-                    return False  # a reader or its builder: the next holder of the build lock retires it
+                    return None  # a reader or its builder: the next holder of the build lock retires it
             except OSError:
-                return False
+                return None
         aside = paths.cache_dir / f"{RETIRED_PREFIX}{name}-{secrets.token_hex(3)}"
         try:
             os.rename(directory, aside)
         except OSError:
-            return False
+            return None
     finally:
         if fd is not None:
             os.close(fd)
+    freed = tree_bytes(aside)
     _delete_tree(aside)
     logger.info(f"Retired build generation {name} of {paths.cache_dir}")
-    return True
+    return freed
 
 
 def _remove_retired_debris(paths: VariantPaths) -> int:

@@ -171,8 +171,15 @@ class VariantPaths:
 
     @property
     def user_last_used(self) -> Path:
-        """Where a warm start from a cache this user cannot write records its use."""
-        return user_state_dir() / "used" / f"{path_key(self.cache_dir)}.{self.tag}"
+        """Where a warm start from a cache this user cannot write records its use: keyed by the
+        variant dir's device and inode, which a read-only bind mount of it shares, so ``gc`` of the
+        writable path sees the uses made through the view."""
+        try:
+            info = os.stat(self.cache_dir)
+            key = f"{info.st_dev:x}-{info.st_ino:x}"
+        except OSError:
+            key = path_key(self.cache_dir)
+        return user_state_dir() / "used" / f"{key}.{self.tag}"
 
     @property
     def build_lock(self) -> Path:
