@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 MESHES = ("1x1", "1x2", "1x4", "2x2")
 CHECKPOINTS = 5

@@ -30,8 +30,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 from _bench_output import bar_chart  # noqa: E402
 
 CHILD = r"""
@@ -39,8 +37,9 @@ import json, os, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
-from models.common.checkpoint import CheckpointReader, read_config, resolve_checkpoint_dir
-from models.common.loader import LazyStateDict, WeightSink
+from models.common.checkpoint import read_config, resolve_checkpoint_dir
+from models.common.safetensors_file import CheckpointReader
+from models.common.conversion import LazyStateDict, WeightSink
 from models.registry import family_of, loader_class
 case, model, precision, cache_root = sys.argv[1:5]
 cls = loader_class(family_of(read_config(resolve_checkpoint_dir(model))))

@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
 

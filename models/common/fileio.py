@@ -11,8 +11,9 @@ the same way, so the rules live here once:
   leaves at most a stray ``*.tmp.*`` file that no reader ever opens.
 * **Locks** are ``flock`` on a dedicated lock file: released by the kernel when the holder dies,
   so a killed writer never wedges the next one.
-* **Hashing** streams files in 1 MiB blocks: SHA-256 where a format promises SHA-256, and the much
-  faster BLAKE3 for bulk content digests of large weight files.
+* **Hashing** reads files in large blocks (never maps them: a file truncated under a mapping kills
+  the process): SHA-256 where a format promises SHA-256, and the much faster, multi-threaded
+  BLAKE3 for content digests of weight files.
 """
 
 from __future__ import annotations

@@ -59,9 +59,9 @@ def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
 def contiguous(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor.contiguous()``, faster for the transposes loaders make of bfloat16 weights.
 
-    torch's strided copy of bf16 runs ~1.7x slower than of int16, so bytes move under an int16
-    view; and the transpose of a tall, narrow matrix (a 262k-vocab embedding as LM head) is done
-    in 1 MiB row blocks that stay in cache, ~1.8x faster than one strided copy (measured here)."""
+    torch's strided copy of bf16 is slower than of int16, so bytes move under an int16 view; and
+    the transpose of a tall, narrow matrix (a 262k-vocab embedding as LM head) is done in 1 MiB
+    row blocks that stay in cache instead of one strided copy (figures: docs/weight-cache.md)."""
     if tensor.is_contiguous() or tensor.element_size() != 2:
         return tensor.contiguous()
     raw = tensor.view(torch.int16)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Bad input never gets a traceback from ``tt-cache``: one line naming the file and the problem,
-exit 1 for a failed check, 2 for bad usage or input (issue 8, scenario 10), and ``clean``
-removes only debris of this project's dead writers (scenario 7)."""
+exit 1 for a failed check, 2 for bad usage or input, and ``clean`` removes only debris of this
+project's dead writers."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def test_a_plan_naming_an_unknown_mesh_or_precision_stops_before_building(good, 
     assert not (tmp_path / "cache").exists()
 
 
-# -- clean (scenario 7) --------------------------------------------------------------------------
+# -- clean --------------------------------------------------------------------------
 
 WRITER = """
 import sys

@@ -2,7 +2,7 @@
 """Integrity of the warm cache through the public loaders: a load returns the weights it was
 asked for, or builds cold, or says why — never another model's.
 
-Each test is one way a user meets the cache (issue 8): folders with the same name, swapped or
+Each test is one way a user meets the cache: folders with the same name, swapped or
 rewritten files, copies, debug builds, cache-only deploys, concurrent builders and re-seeds."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Rule 5: the marker is data, validated as data.
+"""The marker is data, validated as data.
 
 ``parse_marker`` raises only :class:`MarkerFormatError` on any bytes, and the gate answers cold
 (never raises) on any marker that is not a valid record of a complete build.

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Rule 6 with real processes, real signals and real mounts.
+"""Crash safety with real processes, real signals and real mounts.
 
 * SIGKILL at random points of a child that withdraws, rebuilds and re-marks the cache in a loop:
   afterwards the gate is cold, or the cache is truly complete (deep verify clean, every tensorbin

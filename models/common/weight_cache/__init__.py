@@ -20,7 +20,9 @@ look at caches start in milliseconds):
 The seed design's public names live on here (``weight_cache_is_complete``,
 ``mark_weight_cache_complete``, ``marker_path``, ``normalize_mesh_shape``, ``CachedStateDict``,
 ``build_cached_state_dict``, ``HOST_WEIGHTS_SIDECAR``, ``WEIGHT_CACHE_MARKER``, ...), resolved
-lazily so that importing a torch-free module never imports torch through this package.
+lazily so that importing a torch-free module never imports torch through this package. Those
+seed functions keep the seed's parameter name ``cache_path``: it is what everything else here
+calls ``cache_dir``, one variant's directory.
 """
 
 from __future__ import annotations

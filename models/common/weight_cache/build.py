@@ -206,11 +206,11 @@ def mark_weight_cache_complete(
     return True
 
 
-def invalidate_weight_cache(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> None:
+def invalidate_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> None:
     """Withdraw a variant's marker: its files are no longer vouched for (``tt-cache clean
     --invalidate``, eviction, and callers of the seed API that rewrite files in place)."""
     try:
-        VariantPaths(Path(cache_path), build_variant).marker.unlink(missing_ok=True)
+        VariantPaths(Path(cache_dir), build_variant).marker.unlink(missing_ok=True)
     except OSError as error:
-        logger.warning(f"Could not withdraw weight-cache marker in {cache_path}: {error}")
+        logger.warning(f"Could not withdraw weight-cache marker in {cache_dir}: {error}")
     forget_markers()

@@ -134,7 +134,7 @@ def check_files(paths: VariantPaths, marker: WeightCacheMarker) -> tuple[str | N
 
 
 def weight_cache_status(
-    cache_path: str | os.PathLike,
+    cache_dir: str | os.PathLike,
     *,
     model_name: str,
     n_layers: int,
@@ -157,7 +157,7 @@ def weight_cache_status(
         return _cold(f"cold build forced by {force_env}=1")
     if variant_unverifiable(build_variant):
         return _cold(f"build variant could not be computed ({build_variant.get('error', 'unknown error')})")
-    paths = VariantPaths(Path(cache_path), build_variant)
+    paths = VariantPaths(Path(cache_dir), build_variant)
     try:
         marker = read_marker(paths.cache_dir, build_variant)
     except WeightCacheError as error:
@@ -208,9 +208,9 @@ def weight_cache_is_complete(
     return status.warm
 
 
-def marker_status(cache_path: str | os.PathLike, marker: WeightCacheMarker) -> CacheStatus:
+def marker_status(cache_dir: str | os.PathLike, marker: WeightCacheMarker) -> CacheStatus:
     """The gate for the build a marker records (what ``tt-cache check`` asks of each variant)."""
-    return weight_cache_status(cache_path, model_name=marker.model_name, n_layers=marker.n_layers,
+    return weight_cache_status(cache_dir, model_name=marker.model_name, n_layers=marker.n_layers,
                                mesh_shape=marker.mesh_shape, components=marker.components,
                                build_variant=marker.build_variant, force_env=None)
 
@@ -223,14 +223,14 @@ def is_forced(force: bool | None, force_env: str | None = DEFAULT_FORCE_ENV) -> 
     return bool(force_env) and os.environ.get(force_env, "").strip() == "1"
 
 
-def verify_weight_cache(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> list[str]:
+def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> list[str]:
     """Deep check: re-hash every recorded file (several at once). One line per file that differs
     (empty: intact)."""
     try:
-        marker = read_marker(cache_path, build_variant)
+        marker = read_marker(cache_dir, build_variant)
     except WeightCacheError as error:
         return [str(error)]
-    root = os.fspath(cache_path)
+    root = os.fspath(cache_dir)
 
     def problem_of(record: FileRecord) -> str | None:
         return _stat(root, record, None)[1] or _rehash(root, record)[0]

@@ -32,9 +32,9 @@ def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
         write_safetensors(temp, {key: value.detach() for key, value in host.items()})
 
 
-def sidecar_file(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None) -> Path:
+def sidecar_file(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None) -> Path:
     """Where a variant's sidecar is: the marker says (a build generation's), else the top level."""
-    paths = VariantPaths(Path(cache_path), build_variant)
+    paths = VariantPaths(Path(cache_dir), build_variant)
     try:
         marker = read_marker(paths.cache_dir, build_variant)
     except WeightCacheError:

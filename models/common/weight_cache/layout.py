@@ -137,7 +137,7 @@ def path_key(path: Path) -> str:
 @dataclass(frozen=True)
 class VariantPaths:
     """Every path of one build variant in one cache dir (after huggingface_hub's
-    ``LocalDownloadFilePaths``: one object instead of a ``(cache_path, build_variant)`` pair)."""
+    ``LocalDownloadFilePaths``: one object instead of a ``(cache_dir, build_variant)`` pair)."""
 
     cache_dir: Path
     build_variant: Mapping[str, Any] | None = field(default=None, compare=False)
@@ -291,9 +291,9 @@ def tree_bytes(path: str | os.PathLike) -> int:
     return total
 
 
-def cache_bytes(cache_path: str | os.PathLike) -> int:
+def cache_bytes(cache_dir: str | os.PathLike) -> int:
     """Bytes on disk of everything in a cache dir (tensorbins, sidecars, markers)."""
-    return tree_bytes(cache_path)
+    return tree_bytes(cache_dir)
 
 
 def iter_variant_dirs(root: Path) -> Iterator[Path]:

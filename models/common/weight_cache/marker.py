@@ -336,11 +336,11 @@ def marker_json(marker: WeightCacheMarker) -> bytes:
 _MARKER_MEMO: dict[tuple[str, int, int, int, int], WeightCacheMarker] = {}
 
 
-def read_marker(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> WeightCacheMarker:
+def read_marker(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> WeightCacheMarker:
     """The validated marker of one variant (memoized on path, inode, mtime, ctime and size).
 
     Raises :class:`WeightCacheError` when it is absent, unreadable or invalid."""
-    return read_marker_file(marker_path(cache_path, build_variant))
+    return read_marker_file(marker_path(cache_dir, build_variant))
 
 
 def read_marker_file(path: Path) -> WeightCacheMarker:
@@ -414,9 +414,9 @@ def build_relative(path: str, generation: str | None) -> str:
     return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
-def cached_model_config(cache_path: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def cached_model_config(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The checkpoint ``config.json`` kept with the marker (for warm starts without a checkpoint)."""
-    config = read_marker(cache_path, build_variant).model_config
+    config = read_marker(cache_dir, build_variant).model_config
     if config is None:
-        raise WeightCacheError(f"marker in {cache_path} keeps no model config")
+        raise WeightCacheError(f"marker in {cache_dir} keeps no model config")
     return config

@@ -117,8 +117,8 @@ def conversion_threads() -> Iterator[None]:
 
     The host transforms (a QKV concat, an fp32 norm) are copies of a few MiB; with torch's
     default intra-op pool, its OpenMP workers spin after every op and take the cores that
-    ``ttnn.from_torch`` (itself multi-threaded) needs: measured here, a 2 MiB ``torch.cat``
-    took 80-100 ms with 2 torch threads and 0.4 ms with one, and the conversions ran faster too."""
+    ``ttnn.from_torch`` (itself multi-threaded) needs, and a small cat becomes hundreds of times
+    slower than on one thread (figures: docs/weight-cache.md)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -184,7 +184,7 @@ class TensorCache:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
             # TILE conversions read strided views themselves: no torch copy of a transposed weight
-            # first (measured here: bf16 2.1x, bfloat8_b up to 1.8x faster, bit-identical files)
+            # first: faster, and the files are bit-identical (figures: docs/weight-cache.md)
             shards = shard(tensor, fmt.placement, self.mesh, copy=fmt.layout != ttnn.TILE_LAYOUT)
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh)
