@@ -465,7 +465,10 @@ class WeightLoader(ABC):
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction, *,
                stream: bool = False, on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
-        """Convert every weight into the transaction's generation and commit it.
+        """Convert every weight into the transaction's generation and commit it. ``timings`` of the
+        result: ``convert`` (wall time of the family's convert: checkpoint reads, transforms,
+        ``from_torch``, waits for the writer), ``dump`` and ``fsync`` (the writer thread, overlapped),
+        ``finish`` (after convert: the last writes, then ``seal``, ``publish`` and ``retire``).
 
         ``stream`` (a seed): keep no converted weight, at most :data:`STREAM_PENDING_BYTES` of
         writes queued, checkpoint pages released after each weight (host weights excepted: the
@@ -500,8 +503,9 @@ class WeightLoader(ABC):
         reader.close()
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
-        timings = {"from_torch": cache.convert_seconds, "convert": convert_seconds, "finish": seconds - convert_seconds,
-                   "writer_wait": cache.wait_seconds}
+        timings = {"convert": convert_seconds, "from_torch": cache.convert_seconds, "writer_wait": cache.wait_seconds,
+                   "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
+                   **transaction.timings}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings, cached=cached)
 

@@ -47,7 +47,7 @@ def hub_env(hub: Path, cache: Path) -> dict[str, str]:
 
 def copy_repo(destination: Path, *, weights: bool) -> Path:
     """The prepared hub repo copied under ``destination/hub``, laid out as the hub lays it out: the
-    weights a symlink to ``blobs/<sha256>`` (so the loader names them without reading them);
+    weights a symlink to ``blobs/<sha256>`` (verified against that name on first sight);
     ``weights=False``: config and tokenizer only. Returns the hub."""
     source = prepare_gemma3_270m()
     repo = destination / "hub" / REPO_CACHE_NAME
@@ -127,8 +127,8 @@ def test_cold_start_generates_transformers_greedy_tokens(cold_start, transformer
 
 
 def zero_tensor_data(path: Path) -> None:
-    """Overwrite every tensor byte with zeros, keeping the header (the blob keeps its name, so the
-    checkpoint still names the weights the cache was built from)."""
+    """Overwrite every tensor byte with zeros, keeping the header and the blob's name (a torn
+    download, or an edit through the snapshot symlink, looks like this)."""
     with path.open("r+b") as file:
         data_start = 8 + struct.unpack("<Q", file.read(8))[0]
         file.seek(data_start)
@@ -137,20 +137,25 @@ def zero_tensor_data(path: Path) -> None:
             remaining -= file.write(block[: min(remaining, len(block))])
 
 
-def test_second_start_is_warm_and_reads_no_weight(cold_start, bf16_cache, transformers_reference, tmp_path):
-    """A fresh copy whose weight blob holds zeros: had the warm start read any weight, its tokens
-    would not be transformers'.
-    (vLLM's own ModelConfig reads the safetensors *header* of a tied-embedding checkpoint to look
-    for an lm_head, so an unreadable file would stop vLLM itself before the model loads.)"""
-    hub = copy_repo(tmp_path, weights=True)
-    weights = snapshot_of(hub) / WEIGHTS_NAME
-    zero_tensor_data(weights.resolve())
-    with safe_open(str(weights), framework="pt") as reader:
-        assert not reader.get_tensor("model.embed_tokens.weight").any()
-    proc, report = start(hub_env(hub, bf16_cache), tmp_path / "report.json")
+def test_a_fresh_copy_starts_warm_and_a_tampered_one_is_never_served_the_cache(cold_start, bf16_cache,
+                                                                               transformers_reference, tmp_path):
+    """A fresh copy of the weights is verified once and served by the warm cache; a copy whose blob
+    holds zeros under the genuine name is other weights, so it never gets the cache's."""
+    hub = copy_repo(tmp_path / "fresh", weights=True)
+    proc, report = start(hub_env(hub, bf16_cache), tmp_path / "fresh.json")
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is True, report["startup"]
     assert_greedy(report, transformers_reference["tokens"])
+    genuine_cache = report["startup"]["cache_dir"]
+
+    tampered = copy_repo(tmp_path / "tampered", weights=True)
+    weights = snapshot_of(tampered) / WEIGHTS_NAME
+    zero_tensor_data(weights.resolve())
+    with safe_open(str(weights), framework="pt") as reader:
+        assert not reader.get_tensor("model.embed_tokens.weight").any()
+    proc, report = start(hub_env(tampered, bf16_cache), tmp_path / "tampered.json")
+    report = assert_started(proc, report)
+    assert report["startup"]["warm"] is False and report["startup"]["cache_dir"] != genuine_cache
 
 
 def test_cache_only_deploy_starts_and_generates(cold_start, deploy_hub, bf16_cache, transformers_reference, tmp_path):

@@ -239,3 +239,30 @@ def test_the_same_weights_under_two_folder_names_share_one_cache(models, tmp_pat
     for weights in elsewhere.glob("*.safetensors"):
         weights.unlink()  # now a cache-only deploy under the second name: it finds the shared cache
     assert LlamaLoader(elsewhere, precision="bfloat16").load().warm
+
+
+WARM_READS = """
+import sys
+from models.llama import LlamaLoader
+def rchar():
+    return int(next(l for l in open('/proc/self/io') if l.startswith('rchar:')).split()[1])
+loader = LlamaLoader(sys.argv[1], precision="bfloat16")
+before = rchar()
+loaded = loader.load()
+print("WARM" if loaded.warm else "COLD", rchar() - before)
+"""
+
+
+def test_a_warm_start_of_a_verified_checkpoint_reads_none_of_its_weights(models, tmp_path, cache_root):
+    """Verified once, recognised by its stamps afterwards: a warm start in a fresh process reads
+    a fraction of the weights' bytes (the cache's tensorbins are mapped, not read)."""
+    import subprocess
+    import sys
+
+    checkpoint = copy_checkpoint(models["a"], tmp_path / "verified")
+    time.sleep(0.1)  # past the clock tick of the copy
+    LlamaLoader(checkpoint, precision="bfloat16").load()
+    out = subprocess.run([sys.executable, "-c", WARM_READS, str(checkpoint)], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=300)
+    state, read = next(line for line in out.stdout.splitlines() if line.startswith(("WARM", "COLD"))).split()
+    assert state == "WARM" and int(read) < (checkpoint / "model.safetensors").stat().st_size // 4, out.stdout

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,6 +92,7 @@ class BuildTransaction:
         self.lock = LockState(False, "not entered")
         self.generation: Generation | None = None
         self.committed: WeightCacheMarker | None = None
+        self.timings: dict[str, float] = {}  # seal (hash + stamp), publish (marker), retire
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> BuildTransaction:
@@ -125,17 +127,22 @@ class BuildTransaction:
         if generation is None:
             raise RuntimeError("commit() before open_generation()")
         prefix = f"{generation.name}/"
+        start = time.perf_counter()
         records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix)
+        sealed_at = time.perf_counter()
         sealed = dataclasses.replace(marker, generation=generation.name, files=records[:len(files)],
                                      host_sidecar=records[len(files)] if host_sidecar else None, verified_ns=verified_ns)
         previous = named_generation(self.paths.marker)
         if previous and read_record(self.paths.generation_dir(previous)) is None:
             adopt_generation(self.paths, previous)  # an older format's generation: removable once replaced
         publish_marker(self.paths, sealed)
+        published_at = time.perf_counter()
         self.committed = sealed
         generation.release()
         touch_last_used(self.paths)
         retired = retire_unnamed(self.paths)
+        self.timings = {"seal": sealed_at - start, "publish": published_at - sealed_at,
+                        "retire": time.perf_counter() - published_at}
         if retired.leased:
             logger.info(f"{self.paths.cache_dir}: {len(retired.leased)} older generation(s) still leased by readers; "
                         "the next build, gc or warm start retires them")

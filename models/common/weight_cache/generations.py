@@ -199,63 +199,56 @@ def _lock(fd: int, cache_dir: Path) -> None:
         os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
 
 
+def _acquire(lock_path: Path, cache_dir: Path, blocking: bool, create: bool = True) -> tuple[int | None, LockState]:
+    """Open and lock one lock file: (the descriptor holding it, or None when another holds it)."""
+    fd = open_lock_file(lock_path, create=create)
+    try:
+        if blocking:
+            _lock(fd, cache_dir)
+        elif not try_flock(fd, exclusive=True):
+            os.close(fd)
+            return None, LockState(False, f"another process holds {lock_path}", busy=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, LockState(True)
+
+
+def _user_fallback(paths: VariantPaths, blocking: bool) -> tuple[int | None, LockState]:
+    why = f"{paths.build_lock} cannot be locked by this user; using a per-user lock (another user may build at once)"
+    logger.warning(f"{paths.cache_dir}: {why}")
+    try:
+        paths.user_build_lock.parent.mkdir(parents=True, exist_ok=True)
+        fd, state = _acquire(paths.user_build_lock, paths.cache_dir, blocking)
+    except OSError as error:
+        return None, LockState(False, f"{why}, which cannot be taken either ({error.strerror or error})")
+    return fd, LockState(True, why) if state.held else state
+
+
 @contextlib.contextmanager
 def build_lock(paths: VariantPaths, *, blocking: bool = True, create: bool = True) -> Iterator[LockState]:
     """Hold the cache dir's build lock for the block (see the module doc for the fallbacks).
 
-    ``blocking=False`` yields ``LockState(False, ...)`` at once when another holder has it.
+    ``blocking=False`` yields ``LockState(False, busy=True)`` at once when another holder has it.
     ``create=False`` (tools that only tidy up) makes no directory and no lock file: where there
     is none, no builder can be at work, and the lock is reported held."""
     if not create and not paths.build_lock.exists():
         yield LockState(True, "no build lock file: no builder")
         return
     try:
-        paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd = open_lock_file(paths.build_lock, create=create)
-    except OSError as error:
-        yield LockState(False, f"cannot open {paths.build_lock} ({error.strerror or error})")
-        return
-    try:
-        try:
-            if blocking:
-                _lock(fd, paths.cache_dir)
-            elif not try_flock(fd, exclusive=True):
-                yield LockState(False, "another process holds the build lock", busy=True)
-                return
-            state = LockState(True)
-        except OSError as error:  # NFSv4: no exclusive lock on a read-only descriptor (EBADF)
-            if error.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL):
-                raise
-            os.close(fd)
-            fd = -1
-            with _user_lock(paths, blocking) as state:
-                yield state
+        if create:
+            paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, state = _acquire(paths.build_lock, paths.cache_dir, blocking, create)
+    except OSError as error:  # NFSv4 refuses an exclusive lock on a read-only descriptor (EBADF)
+        if error.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL):
+            yield LockState(False, f"cannot open or lock {paths.build_lock} ({error.strerror or error})")
             return
+        fd, state = _user_fallback(paths, blocking)
+    try:
         yield state
     finally:
-        if fd >= 0:
+        if fd is not None:
             os.close(fd)
-
-
-@contextlib.contextmanager
-def _user_lock(paths: VariantPaths, blocking: bool) -> Iterator[LockState]:
-    why = f"{paths.build_lock} cannot be locked by this user; using a per-user lock (another user may build at once)"
-    logger.warning(f"{paths.cache_dir}: {why}")
-    try:
-        paths.user_build_lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_lock_file(paths.user_build_lock)
-    except OSError as error:
-        yield LockState(False, f"{why}, which cannot be opened either ({error.strerror or error})")
-        return
-    try:
-        if blocking:
-            _lock(fd, paths.cache_dir)
-        elif not try_flock(fd, exclusive=True):
-            yield LockState(False, "another process holds the per-user build lock", busy=True)
-            return
-        yield LockState(True, why)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

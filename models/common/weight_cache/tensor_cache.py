@@ -157,6 +157,8 @@ class TensorCache:
         self.files: list[str] = []
         self.convert_seconds = 0.0  # time inside ttnn.from_torch (the conversion proper)
         self.wait_seconds = 0.0  # time the converter waited for the writer (a streaming seed)
+        self.dump_seconds = 0.0  # writer thread: ttnn.dump_tensor into the temp file
+        self.fsync_seconds = 0.0  # writer thread: making each file's data durable
         self._pending: list[tuple[str, Future, int]] = []  # (weight name, future [relative paths written], bytes)
         self.written: list[str] = []  # relative paths of the files written so far
         # A streaming seed bounds the converted tensors waiting for the writer (memory flat in
@@ -192,8 +194,7 @@ class TensorCache:
             if self._writer is None:  # converting only
                 return self._to_device(result)
             nbytes = stored_bytes(fmt, sum(s.numel() for s in shards))
-            self._pending.append((name, self._writer.submit(self._guarded, self._write, self.cache_dir, relative, result),
-                                  nbytes))
+            self._pending.append((name, self._writer.submit(self._guarded, self._write, relative, result), nbytes))
             if self.max_pending_bytes is not None:
                 start = time.perf_counter()
                 # the newest always waits its turn; the ones before it may hold at most the budget
@@ -232,13 +233,16 @@ class TensorCache:
             raise WeightCacheError(f"cached {path} of {name} {problem}")
         return loaded
 
-    @staticmethod
-    def _write(cache_dir: Path, relative: str, tensor: ttnn.Tensor) -> list[str]:
-        path = cache_dir / relative
+    def _write(self, relative: str, tensor: ttnn.Tensor) -> list[str]:
+        path = self.cache_dir / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_output(path, durable=False, suffix=".tensorbin") as temp:
+            start = time.perf_counter()
             ttnn.dump_tensor(temp, tensor)
+            dumped = time.perf_counter()
             fsync_file(temp)  # data durable now; the directory entries are synced in finish()
+            self.dump_seconds += dumped - start
+            self.fsync_seconds += time.perf_counter() - dumped
         return [relative]
 
     def submit_file(self, write: Callable[..., list[str]], *args: Any) -> None:
