@@ -197,17 +197,21 @@ CONTENT_DIGEST_ALGORITHM = "blake3"
 HASH_READ_BYTES = 8 << 20  # large reads let BLAKE3 hash on every core
 
 
-def _hasher(algorithm: str) -> Any:
+PARALLEL_HASH_BYTES = 4 << 20  # below this, BLAKE3's worker threads cost more than they save
+
+
+def _hasher(algorithm: str, size: int) -> Any:
     if algorithm == "blake3":
-        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if size >= PARALLEL_HASH_BYTES else 1)
     return hashlib.new(algorithm)
 
 
 def digest_fd(fd: int, algorithm: str = CONTENT_DIGEST_ALGORITHM) -> str:
     """Hex digest of everything readable from an open file, read (not mapped: a file truncated
     under a mapping would kill the process with SIGBUS) in large blocks."""
-    hasher = _hasher(algorithm)
-    buffer = bytearray(HASH_READ_BYTES)
+    size = os.fstat(fd).st_size
+    hasher = _hasher(algorithm, size)
+    buffer = bytearray(min(HASH_READ_BYTES, max(size, 1 << 16)))
     view = memoryview(buffer)
     with open(fd, "rb", buffering=0, closefd=False) as stream:
         while count := stream.readinto(buffer):
