@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Let vLLM's engine core see its SIGTERM, so ``vllm.LLM`` shuts down at once instead of after 5 s.
+
+Why: when a script's ``LLM`` is shut down (``del llm``, the end of the script), vLLM's front end
+sends SIGTERM to the engine-core process and SIGKILLs it 5 s later if it is still there
+(``vllm/v1/utils.py:shutdown``). The engine core's SIGTERM handler is Python code, and CPython
+runs Python handlers on the main thread only, between bytecodes. That main thread sleeps in
+``input_queue.get()`` with no timeout (``vllm/v1/engine/core.py``, ``_process_input_queue``) and
+the handler is the only thing that would wake it. Linux hands a process-directed signal to any
+thread that does not block it, and the engine core has three more Python threads (socket input
+and output, vLLM's signal callback) that do not: the SIGTERM often lands on the output thread,
+which is on a CPU at that moment because it just sent the last output, the one that made the
+script shut down (strace: ``--- SIGTERM ---`` on the output thread's tid; a ``tgkill`` to the main
+thread at that point ends the process at once). The handler then stays pending, nothing wakes the
+main thread, and the process is force-killed 5 s later: the exit delay.
+
+The fix, installed by the TT host worker in the engine core's main thread: a wakeup fd records
+every delivery of SIGTERM/SIGINT (CPython writes the signal number to it from whichever thread
+took the signal), and a small thread sends the signal again to the main thread itself
+(``pthread_kill``) until vLLM's handler has run, every :data:`GRACE` seconds: the main thread's
+wait returns EINTR and runs the handler. Nothing is installed outside vLLM's engine-core process (an in-process
+engine has no such handler), or when another wakeup fd is set. ``TT_VLLM_FORWARD_SIGNALS=0``
+turns it off (to measure the delay it removes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+FORWARD_ENV = "TT_VLLM_FORWARD_SIGNALS"
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"  # where vLLM's engine-core signal handler is defined
+GRACE = 0.1  # seconds the main thread has to run the handler before the signal is sent to it again
+MAX_FORWARDS = 30  # 3 s, below vLLM's 5 s before SIGKILL; a forward landing just before the wait is retried
+
+
+class SignalForwarder:
+    """Watches the wakeup fd; until vLLM's handler has run, re-sends the signal to the main thread.
+
+    vLLM's engine-core handler always ends the engine (SIGTERM and SIGINT alike), so one run of
+    it is all that is owed: after that the forwarder stops."""
+
+    def __init__(self, read_fd: int, main_ident: int) -> None:
+        self.read_fd = read_fd
+        self.main_ident = main_ident
+        self.handled = threading.Event()
+        self.forwarded = 0
+
+    def wrap(self, handler: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+        def noted(signum: int, frame: Any) -> Any:
+            self.handled.set()
+            return handler(signum, frame)
+
+        return noted
+
+    def run(self) -> None:
+        while not self.handled.is_set():
+            try:
+                data = os.read(self.read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            taken = [number for number in data if number in SIGNALS]
+            if taken:
+                self._forward(signal.Signals(taken[0]))
+
+    def _forward(self, signum: signal.Signals) -> None:
+        for _ in range(MAX_FORWARDS):
+            if self.handled.wait(GRACE):
+                return
+            self.forwarded += 1
+            if self.forwarded == 1:
+                logger.info(f"engine core: {signum.name} not handled by the main thread after {GRACE} s; sent to it")
+            signal.pthread_kill(self.main_ident, signum)
+
+
+def install_signal_forwarding() -> SignalForwarder | None:
+    """Install in vLLM's engine-core process, from its main thread; None where there is nothing to fix."""
+    if os.environ.get(FORWARD_ENV, "1") == "0" or threading.current_thread() is not threading.main_thread():
+        return None
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    if not all(callable(h) and getattr(h, "__module__", "") == ENGINE_CORE_MODULE for h in handlers.values()):
+        return None
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
+    forwarder = SignalForwarder(read_fd, threading.main_thread().ident)
+    for sig, handler in handlers.items():
+        signal.signal(sig, forwarder.wrap(handler))
+    threading.Thread(target=forwarder.run, name="tt-signal-forward", daemon=True).start()
+    logger.debug("engine core: SIGTERM/SIGINT taken by another thread are forwarded to the main thread")
+    return forwarder
