@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 # SPDX-License-Identifier: Apache-2.0
-"""How fast a script using ``vllm.LLM`` lets go of its engines: with and without the plugin's
-signal forwarding (``TT_VLLM_FORWARD_SIGNALS``), side by side in one run.
+"""How fast a script using ``vllm.LLM`` lets go of its engines and exits: without the plugin's
+two exit fixes, with the engine-core signal forwarding only (``TT_VLLM_FORWARD_SIGNALS``), and
+with the heap also frozen at exit (``TT_VLLM_FREEZE_AT_EXIT``), side by side in one run.
 
     .venv-vllm/bin/python scripts/bench_vllm_exit.py [--rounds 9] [--model DIR] [--json F] [--png F]
 
@@ -28,6 +29,12 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FORWARD_ENV = "TT_VLLM_FORWARD_SIGNALS"
+FREEZE_ENV = "TT_VLLM_FREEZE_AT_EXIT"
+VARIANTS = {  # variant -> (forward signals, freeze the heap at exit)
+    "neither (vLLM as shipped)": ("0", "0"),
+    "signals forwarded": ("1", "0"),
+    "signals forwarded + heap frozen": ("1", "1"),
+}
 
 
 def child(model: str, rounds: int) -> None:
@@ -101,9 +108,9 @@ def main() -> int:
             model = make_checkpoint("llama", Path(scratch) / "tiny-llama")
         env = {"TT_CACHE_PATH": str(Path(scratch) / "tt-cache")}
         results = {}
-        for variant, value in (("forwarding off", "0"), ("forwarding on", "1")):
+        for variant, (forward, freeze) in VARIANTS.items():
             print(f"{variant}: {args.rounds} engines ...", flush=True)
-            results[variant] = summary(run_child(model, args.rounds, {**env, FORWARD_ENV: value}))
+            results[variant] = summary(run_child(model, args.rounds, {**env, FORWARD_ENV: forward, FREEZE_ENV: freeze}))
     print("\n| variant | engines | SIGKILLed by vLLM | shutdown median s | shutdown max s | exit after last line s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for variant, r in results.items():

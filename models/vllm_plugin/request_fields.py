@@ -11,8 +11,9 @@ Handling:
 
 * ``supported``: the host runner implements it with vLLM's semantics (tested through ``vllm.LLM``);
 * ``engine``: vLLM's own frontend, output processor or scheduler does it; the runner has no part;
-* ``refused``: the platform (or vLLM itself, given the features the platform turns away at
-  start-up) rejects a request that sets it, with the field's name;
+* ``refused``: the platform rejects a request that sets it, with the field's name, before the
+  request reaches the engine (where vLLM itself already rejects it for this model or engine, the
+  note says "vLLM"; the platform's check stays behind it);
 * ``internal``: set by vLLM, not by a user.
 
 Light: no vLLM import (``python -m models.vllm_plugin.request_fields`` prints the tables).
@@ -65,8 +66,8 @@ SAMPLING_PARAMS: dict[str, FieldRule] = {
     "min_tokens": supported(),
     "logprobs": supported("raw logprobs (vLLM's default logprobs_mode; the other three modes too), -1 = whole vocabulary"),
     "prompt_logprobs": supported("prompt logprobs skip the prefix cache, as in vLLM"),
-    "prompt_logprob_token_ids": refuse("scoring rows of the prompt: needs vLLM's V2 GPU runner"),
-    "prompt_logprob_start": refuse("only with prompt_logprob_token_ids"),
+    "prompt_logprob_token_ids": refuse("scoring rows of the prompt (vLLM: needs its V2 GPU model runner)"),
+    "prompt_logprob_start": refuse("only with prompt_logprob_token_ids (vLLM)"),
     "logprob_token_ids": supported("logprobs of exactly these tokens, after the sampled one"),
     "flat_logprobs": engine("output format"),
     "detokenize": engine(),
@@ -87,10 +88,10 @@ SAMPLING_PARAMS: dict[str, FieldRule] = {
     "bad_words": supported("needs the tokenizer (refused with skip_tokenizer_init=True)"),
     "_bad_words_token_ids": internal("bad_words, tokenized by vLLM"),
     "skip_reading_prefix_cache": engine("vLLM's KV cache manager"),
-    "thinking_token_budget": refuse("needs a reasoning parser"),
+    "thinking_token_budget": refuse("needs a reasoning parser (vLLM)"),
     "repetition_detection": engine("vLLM's scheduler ends the request"),
     "routed_experts_prompt_start": refuse("non-zero is refused: routed-expert outputs are not returned"),
-    "trace_decode_token_ids": refuse("trace replay (enable_trace_replay is refused at start-up)"),
+    "trace_decode_token_ids": refuse("trace replay (vLLM: needs enable_trace_replay, which needs its V2 GPU runner)"),
 }
 
 # The keys of every prompt form LLM.generate accepts (vllm.inputs.llm).
@@ -99,17 +100,17 @@ PROMPT_KEYS: dict[str, FieldRule] = {
     "prompt_token_ids": supported(),
     "cache_salt": supported("separates prefix-cache entries"),
     "prompt_token_offsets": engine("character offsets, passed through"),
-    "token_type_ids": refuse("cross-encoder input (pooling models)"),
-    "multi_modal_data": refuse("multimodal inputs"),
-    "media_io_kwargs": refuse("multimodal inputs"),
-    "mm_processor_kwargs": refuse("multimodal inputs"),
-    "multi_modal_uuids": refuse("multimodal inputs"),
+    "token_type_ids": engine("cross-encoder input: vLLM's renderer drops it for a decoder-only model (any platform)"),
+    "multi_modal_data": refuse("multimodal inputs (vLLM: no multimodal processor for a text-only model)"),
+    "media_io_kwargs": engine("multimodal options: dropped by vLLM's renderer without multi_modal_data"),
+    "mm_processor_kwargs": engine("multimodal options: dropped by vLLM's renderer without multi_modal_data"),
+    "multi_modal_uuids": engine("multimodal options: dropped by vLLM's renderer without multi_modal_data"),
     "prompt_embeds": refuse("prompt embeddings"),
     "prompt_is_token_ids": refuse("prompt embeddings"),
-    "data": refuse("IO-processor plugin inputs"),
-    "data_format": refuse("IO-processor plugin inputs"),
-    "encoder_prompt": refuse("encoder-decoder models"),
-    "decoder_prompt": refuse("encoder-decoder models"),
+    "data": refuse("IO-processor plugin inputs (vLLM: no such plugin)"),
+    "data_format": refuse("IO-processor plugin inputs (vLLM: no such plugin)"),
+    "encoder_prompt": refuse("encoder-decoder prompts (vLLM: decoder-only model)"),
+    "decoder_prompt": refuse("encoder-decoder prompts (vLLM: decoder-only model)"),
 }
 
 # The rendered inputs the platform's validate_request sees (vllm.inputs.engine): only token inputs pass.

@@ -13,7 +13,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-from models.vllm_plugin.engine_signals import install_signal_forwarding
+from models.vllm_plugin.engine_exit import install_signal_forwarding
 from models.vllm_plugin.model_runner import TTHostModelRunner
 
 KV_CACHE_LAYOUT = "NHD"

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Let vLLM's engine core see its SIGTERM, so ``vllm.LLM`` shuts down at once instead of after 5 s.
+"""A script using ``vllm.LLM`` exits promptly: two fixes for what its exit used to wait on.
 
-Why: when a script's ``LLM`` is shut down (``del llm``, the end of the script), vLLM's front end
+**The engine core's SIGTERM** (it shut down after 5 s instead of at once). When a script's ``LLM`` is shut down (``del llm``, the end of the script), vLLM's front end
 sends SIGTERM to the engine-core process and SIGKILLs it 5 s later if it is still there
 (``vllm/v1/utils.py:shutdown``). The engine core's SIGTERM handler is Python code, and CPython
 runs Python handlers on the main thread only, between bytecodes. That main thread sleeps in
@@ -21,10 +21,21 @@ took the signal), and a small thread sends the signal again to the main thread i
 wait returns EINTR and runs the handler. Nothing is installed outside vLLM's engine-core process (an in-process
 engine has no such handler), or when another wakeup fd is set. ``TT_VLLM_FORWARD_SIGNALS=0``
 turns it off (to measure the delay it removes).
+
+**The last garbage collection** (seconds after the engine was gone). At exit CPython collects
+the whole heap for reference cycles once more; with vLLM, torch and transformers loaded that
+scan took 4-5 s of the script's exit here (py-spy: ``gc_collect_main`` under ``Py_FinalizeEx``).
+Nothing left at that point needs it (the engines are shut down by vLLM's own exit hook, files
+are flushed by their own; finalizers of cyclic garbage are not guaranteed at exit anyway), so the
+frontend process freezes the heap (``gc.freeze()``) in an exit hook and the final scan skips it,
+as vLLM's engine core itself does on ROCm.
+``TT_VLLM_FREEZE_AT_EXIT=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 import threading
@@ -34,6 +45,7 @@ from typing import Any
 from loguru import logger
 
 FORWARD_ENV = "TT_VLLM_FORWARD_SIGNALS"
+FREEZE_ENV = "TT_VLLM_FREEZE_AT_EXIT"
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"  # where vLLM's engine-core signal handler is defined
 GRACE = 0.1  # seconds the main thread has to run the handler before the signal is sent to it again
@@ -102,3 +114,18 @@ def install_signal_forwarding() -> SignalForwarder | None:
     threading.Thread(target=forwarder.run, name="tt-signal-forward", daemon=True).start()
     logger.debug("engine core: SIGTERM/SIGINT taken by another thread are forwarded to the main thread")
     return forwarder
+
+
+_freeze_registered = False
+
+
+def freeze_heap_at_exit() -> bool:
+    """Register ``gc.freeze()`` as an exit hook of this process (once). Exit hooks run in either
+    order with vLLM's own (which shuts the engines down); freezing only makes the cycle scans that
+    follow skip the heap."""
+    global _freeze_registered
+    if _freeze_registered or os.environ.get(FREEZE_ENV, "1") == "0":
+        return _freeze_registered
+    atexit.register(gc.freeze)
+    _freeze_registered = True
+    return True
