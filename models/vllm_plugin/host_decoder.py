@@ -70,12 +70,12 @@ class PagedAttention:
             out.append(attend(q[seq.rows], keys[:, local], values[:, local], mask, scale))
         return torch.cat(out)
 
-    def run(self, batch: PagedBatch, cache: PagedKVCache, every_row: bool = False) -> torch.Tensor:
-        """``[sequences, vocab]`` logits of each sequence's last new token, or with ``every_row``
-        ``[N, vocab]`` of every new token (prompt logprobs); the cache is updated."""
+    def run(self, batch: PagedBatch, cache: PagedKVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``[sequences, vocab]`` logits of each sequence's last new token, or of the flat batch
+        ``rows`` asked for (prompt logprobs need every row of a sequence); the cache is updated."""
         self.batch, self.cache = batch, cache
         hidden = self.hidden_states(batch.tokens)  # type: ignore[attr-defined]
-        return self.head(hidden if every_row else hidden[batch.last_rows])
+        return self.head(hidden[batch.last_rows if rows is None else rows])
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head (column shards concatenated) and logit soft-capping."""

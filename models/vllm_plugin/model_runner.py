@@ -271,19 +271,17 @@ class TTHostModelRunner:
 
     def _forward(self, work: list[Scheduled]) -> dict[str, torch.Tensor]:
         """Prefills (whole or partial prompts, prompts after a prefix-cache hit, or a resumed
-        request's tokens) in one call: ``[rows, vocab]`` logits per request, every scheduled
-        position's when a request in the step wants prompt logprobs, else the last one's."""
+        request's tokens) in one call: ``[rows, vocab]`` logits per request, of every scheduled
+        position for a request that wants prompt logprobs, else of the last one."""
         if not work:
             return {}
         ends = [w.start + w.count for w in work]
         tokens = torch.zeros(len(work), max(ends), dtype=torch.long)
         for i, w in enumerate(work):
             tokens[i, : ends[i]] = torch.tensor(w.state.token_ids[: ends[i]])
-        every = any(w.state.wants_prompt_logprobs for w in work)
+        every = [w.state.wants_prompt_logprobs for w in work]
         logits = self.model.prefill_forward(tokens, self._page_table(work), self.kv_cache, ends,
                                             start_pos=[w.start for w in work], return_all_logits=every)
-        if every:
-            return {w.req_id: rows for w, rows in zip(work, logits)}
         return {w.req_id: logits[i] for i, w in enumerate(work)}
 
     def _forward_decode(self, work: list[Scheduled]) -> dict[str, torch.Tensor]:

@@ -106,18 +106,22 @@ class TTHostCausalLM:
     @torch.no_grad()
     def prefill_forward(self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: PagedKVCache,
                         prompt_lens: Sequence[int], start_pos: Sequence[int] | None = None,
-                        return_all_logits: bool = False, **kwargs: Any) -> torch.Tensor | list[torch.Tensor]:
+                        return_all_logits: Sequence[bool] | None = None,
+                        **kwargs: Any) -> torch.Tensor | list[torch.Tensor]:
         """``[batch, 1, vocab]`` logits of each prompt's last token. ``tokens`` ``[batch, >=len]``
         holds each prompt (padded); positions below ``start_pos`` are already cached (a prefix
-        cache hit, an earlier chunk). ``return_all_logits``: per prompt, ``[new tokens, vocab]``
-        logits of every position computed (what prompt logprobs are made of)."""
+        cache hit, an earlier chunk). ``return_all_logits``: per prompt, whether to return the
+        logits of every position computed (prompt logprobs) or of the last one only; the result
+        is then a list of ``[positions, vocab]``."""
         starts = [0] * len(prompt_lens) if start_pos is None else [int(s) for s in start_pos]
         chunks = [(tokens[i, starts[i]:int(n)].tolist(), starts[i], page_table[i]) for i, n in enumerate(prompt_lens)]
-        if not return_all_logits:
+        if not return_all_logits or not any(return_all_logits):
             return self._run(chunks, kv_cache)
         batch = PagedBatch.build(chunks, kv_cache.block_size)
-        logits = self.decoder.run(batch, kv_cache, every_row=True)
-        return [logits[seq.rows] for seq in batch.sequences]
+        picked = [torch.arange(seq.rows.start, seq.rows.stop) if every else torch.tensor([seq.rows.stop - 1])
+                  for seq, every in zip(batch.sequences, return_all_logits)]
+        logits = self.decoder.run(batch, kv_cache, rows=torch.cat(picked))
+        return list(logits.split([len(rows) for rows in picked]))
 
     @torch.no_grad()
     def decode_forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, page_table: torch.Tensor | None = None,

@@ -6,7 +6,10 @@ for every later request). Engine features the runner does not implement are refu
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,14 @@ from tests.vllm.oracle import hf_generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 77, 300, 12]
+
+
+def refusals() -> tuple[type[Exception], ...]:
+    """What a refused request raises: ours are ValueErrors; vLLM's own checks raise ValueError,
+    TypeError or its VLLMValidationError (not a ValueError)."""
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, TypeError, VLLMClientError)
 
 
 def keys_of(*typed_dicts) -> set[str]:
@@ -76,11 +87,28 @@ def expected(checkpoint) -> list[int]:
     return hf_generate(checkpoint, PROMPT, 3)
 
 
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail instead of hanging: a request that reaches this in-process engine's runner and breaks it
+    (what a prompt_embeds request did) leaves vLLM's step loop spinning."""
+    def expire(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s: the request reached the engine")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def still_serving(llm, expected) -> None:
     from vllm import SamplingParams
 
-    out = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
-                       use_tqdm=False)
+    with deadline(60):
+        out = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+                           use_tqdm=False)
     assert list(out[0].outputs[0].token_ids) == expected
 
 
@@ -111,7 +139,7 @@ def test_every_refused_sampling_field_has_a_case():
 def test_refused_sampling_fields_are_refused_by_name_and_the_engine_serves_on(llm, expected, field):
     from vllm import SamplingParams
 
-    with pytest.raises(ValueError, match=NAMED_AS.get(field, field)):
+    with deadline(60), pytest.raises(refusals(), match=NAMED_AS.get(field, field)):
         llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(temperature=0.0, max_tokens=2, **REFUSED_PARAMS[field]()),
                      use_tqdm=False)
     still_serving(llm, expected)
@@ -141,7 +169,7 @@ def test_refused_prompt_keys_are_refused_and_the_engine_serves_on(llm, expected,
     from vllm import SamplingParams
 
     prompt, named = REFUSED_PROMPTS[key]
-    with pytest.raises((ValueError, TypeError), match=named):
+    with deadline(60), pytest.raises(refusals(), match=named):
         llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     still_serving(llm, expected)
 
@@ -149,7 +177,7 @@ def test_refused_prompt_keys_are_refused_and_the_engine_serves_on(llm, expected,
 def test_bad_words_without_a_tokenizer_are_refused(llm, expected):
     from vllm import SamplingParams
 
-    with pytest.raises(ValueError, match=re.escape("bad_words without a tokenizer")):
+    with deadline(60), pytest.raises(ValueError, match=re.escape("bad_words without a tokenizer")):
         llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=2, bad_words=["x"]), use_tqdm=False)
     still_serving(llm, expected)
 
