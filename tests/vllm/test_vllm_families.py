@@ -8,6 +8,8 @@ runner) built in this process; prompts of different lengths share batches, and m
 family's quirk: past the sliding window (4 tokens for Qwen2, Mistral and Gemma 3, 6 for Phi-3),
 and for Phi-3 past LongRoPE's original context (16): one prompt is longer from the start, one
 crosses it while decoding (transformers then recomputes the sequence with the long factors).
+A last prompt shares its first two KV blocks with an earlier one: served from vLLM's prefix cache
+(except for Phi-3), still transformers' tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ STEPS = 8
 LONG = [(37 * i + 11) % 500 for i in range(LONGROPE_ORIGINAL_CONTEXT + 4)]  # past the switch from the start
 CROSSING = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]  # 12 + 8 steps: crosses 16 while decoding
 PROMPTS = [LONG, [7, 8, 9], CROSSING, [42]]
+SHARED = LONG[:16] + [101, 102, 103]  # LONG's first two 8-token blocks, then its own tokens
+BLOCK = 8  # KV block size of these engines, so that short prompts fill whole blocks
 MESHES = {"1x1": None, "N300": "N300"}
 
 
@@ -69,7 +73,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def expected(checkpoints) -> dict[str, list[list[int]]]:
-    return {case: [hf_generate(path, prompt, STEPS) for prompt in PROMPTS] for case, path in checkpoints.items()}
+    return {case: [hf_generate(path, prompt, STEPS) for prompt in [*PROMPTS, SHARED]] for case, path in checkpoints.items()}
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
@@ -82,10 +86,15 @@ def test_greedy_equals_transformers(case, mesh, checkpoints, expected, tmp_path,
         monkeypatch.delenv("MESH_DEVICE", raising=False)
     from vllm import SamplingParams
 
-    with vllm_engine(checkpoints[case], max_num_seqs=2, max_model_len=64) as llm:
-        outputs = llm.generate(token_prompts(PROMPTS), SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
+    with vllm_engine(checkpoints[case], max_num_seqs=2, max_model_len=64, block_size=BLOCK) as llm:
+        outputs = llm.generate(token_prompts(PROMPTS), params)
+        shared = llm.generate(token_prompts([SHARED]), params)[0]  # after LONG: its first blocks are cached
         report = llm.collective_rpc("startup_report")[0]
     assert not report["warm"]  # a fresh cache: built cold from the checkpoint
     assert report["model"] == tt_architecture(next(a for a, f in ARCHITECTURES.items() if f == CHECKPOINTS[case][0]))
     assert report["cache_dir"].endswith("mesh_1x2" if MESHES[mesh] else "mesh_1x1")
-    assert [list(o.outputs[0].token_ids) for o in outputs] == expected[case]
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected[case][:-1]
+    assert list(shared.outputs[0].token_ids) == expected[case][-1]
+    # Prefix caching serves every family but LongRoPE's (Phi-3), whose keys depend on the sequence length.
+    assert shared.num_cached_tokens == (0 if CHECKPOINTS[case][0] == "phi3" else 2 * BLOCK)
