@@ -94,6 +94,17 @@ def test_stop_tokens_and_max_tokens(llm, checkpoint):
     assert generate(llm, PROMPTS[:1], temperature=0.0, max_tokens=3, ignore_eos=True)[0] == want[:3]
 
 
+def test_stop_strings_end_the_text(llm, checkpoint):
+    """Stop strings are vLLM's detokenizer's work (the tiny tokenizer spells token i as "t<i>")."""
+    want = greedy(checkpoint, PROMPTS[0], steps=6)
+    # the first token from the third on whose spelling no earlier token's spelling starts with
+    k = next(i for i in range(2, 6) if not any(f"t{t}".startswith(f"t{want[i]}") for t in want[:i]))
+    stop = f" t{want[k]}"
+    completion = run(llm, PROMPTS[:1], temperature=0.0, max_tokens=6, ignore_eos=True, stop=[stop])[0].outputs[0]
+    assert completion.finish_reason == "stop" and completion.stop_reason == stop
+    assert list(completion.token_ids) == want[: k + 1] and f"t{want[k]}" not in completion.text.split()
+
+
 def test_min_tokens_masks_stop_tokens(llm, checkpoint):
     first = greedy(checkpoint, PROMPTS[1], steps=1)[0]
     got = generate(llm, PROMPTS[1:2], temperature=0.0, max_tokens=4, min_tokens=3, stop_token_ids=[first])[0]
