@@ -1,36 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """A script using ``vllm.LLM`` exits promptly: two fixes for what its exit used to wait on.
 
-**The engine core's SIGTERM** (it shut down after 5 s instead of at once). When a script's ``LLM`` is shut down (``del llm``, the end of the script), vLLM's front end
-sends SIGTERM to the engine-core process and SIGKILLs it 5 s later if it is still there
-(``vllm/v1/utils.py:shutdown``). The engine core's SIGTERM handler is Python code, and CPython
-runs Python handlers on the main thread only, between bytecodes. That main thread sleeps in
-``input_queue.get()`` with no timeout (``vllm/v1/engine/core.py``, ``_process_input_queue``) and
-the handler is the only thing that would wake it. Linux hands a process-directed signal to any
-thread that does not block it, and the engine core has three more Python threads (socket input
-and output, vLLM's signal callback) that do not: the SIGTERM often lands on the output thread,
-which is on a CPU at that moment because it just sent the last output, the one that made the
-script shut down (strace: ``--- SIGTERM ---`` on the output thread's tid; a ``tgkill`` to the main
-thread at that point ends the process at once). The handler then stays pending, nothing wakes the
-main thread, and the process is force-killed 5 s later: the exit delay.
+**The engine core's SIGTERM.** vLLM shuts an engine-core process down with SIGTERM and SIGKILLs it
+5 s later (``vllm/v1/utils.py:shutdown``). Its handler is Python, which CPython runs on the main
+thread only; that thread sleeps in ``input_queue.get()`` without a timeout
+(``vllm/v1/engine/core.py:_process_input_queue``) and only the handler would wake it. Linux gives a
+process-directed signal to any thread not blocking it, and the signal often lands on the engine
+core's output thread, on a CPU just then because it sent the output that made the script shut
+down (strace: ``--- SIGTERM ---`` on that thread's tid; a ``tgkill`` to the main thread ends the
+process at once). The handler stays pending until the SIGKILL. Fix, installed by the worker in the
+engine core's main thread: a wakeup fd sees every delivery (CPython writes to it from whichever
+thread took the signal) and a small thread re-sends the signal to the main thread every
+:data:`GRACE` s until vLLM's handler has run. Only in vLLM's engine-core process (an in-process
+engine has no such handler) and when no other wakeup fd is set; ``TT_VLLM_FORWARD_SIGNALS=0``
+turns it off.
 
-The fix, installed by the TT host worker in the engine core's main thread: a wakeup fd records
-every delivery of SIGTERM/SIGINT (CPython writes the signal number to it from whichever thread
-took the signal), and a small thread sends the signal again to the main thread itself
-(``pthread_kill``) until vLLM's handler has run, every :data:`GRACE` seconds: the main thread's
-wait returns EINTR and runs the handler. Nothing is installed outside vLLM's engine-core process (an in-process
-engine has no such handler), or when another wakeup fd is set. ``TT_VLLM_FORWARD_SIGNALS=0``
-turns it off (to measure the delay it removes).
-
-**The last garbage collection** (seconds after the engine was gone). At exit CPython collects
-the whole heap for reference cycles once more; with vLLM, torch and transformers loaded that
-scan took 4-5 s of the script's exit here (py-spy: ``gc_collect_main`` under ``Py_FinalizeEx``).
-Nothing left at that point needs it (the engines are shut down by vLLM's own exit hook, files
-are flushed by their own; finalizers of cyclic garbage are not guaranteed at exit anyway), so the
-frontend process freezes the heap (``gc.freeze()``) in an exit hook and the final scan skips it,
-as vLLM's engine core itself does on ROCm. Not where ttnn is loaded (an engine run in the script's
-own process): ttnn's bindings report every object left uncollected at exit as a leak.
-``TT_VLLM_FREEZE_AT_EXIT=0`` turns it off.
+**The last garbage collection.** At exit CPython scans the whole heap for cycles once more; with
+vLLM, torch and transformers loaded that took 4-5 s (py-spy: ``gc_collect_main`` under
+``Py_FinalizeEx``). Nothing needs it then (vLLM's own exit hook shuts the engines down; finalizers
+of cyclic garbage are not guaranteed at exit anyway), so the front end freezes the heap in an exit
+hook, as vLLM's engine core does on ROCm. Not where ttnn is loaded (an engine in the script's own
+process): its bindings report every object left uncollected as a leak. ``TT_VLLM_FREEZE_AT_EXIT=0``
+turns it off.
 """
 
 from __future__ import annotations
