@@ -36,6 +36,9 @@ def register() -> str | None:
 
     if torch.cuda.is_available():
         return None
+    from models.vllm_plugin.engine_exit import freeze_heap_at_exit
+
+    freeze_heap_at_exit()  # a script's exit need not scan vLLM's whole heap for cycles once more
     return PLATFORM_CLS
 
 

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``vllm.LLM`` on the real Gemma 3 270M, as a user starts it: ``HF_HUB_OFFLINE=1``, the model id,
-a hub cache, ``TT_CACHE_PATH``. Every start is a fresh process running the offline example
-(vLLM's default multiprocess engine), so warm means warm from disk, not from this process.
+"""``vllm.LLM`` on real checkpoints, as a user starts it: ``HF_HUB_OFFLINE=1``, the model id, a hub
+cache, ``TT_CACHE_PATH``. Every start is a fresh process running the offline example (vLLM's
+default multiprocess engine), so warm means warm from disk, not from this process.
 
 The hub cache is a private copy of the prepared snapshot in the hub's own layout (weights in
-``blobs/<sha256>``), which the tests strip of its weights or zero.
+``blobs/<sha256>``), which the tests strip of its weights or zero. Adding a model is one entry in
+:data:`REAL_MODELS`: its hub id and the function that prepares its snapshot.
 """
 
 from __future__ import annotations
@@ -13,19 +14,32 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from models.demos.gemma3_270m.prepare import REPO_CACHE_NAME, WEIGHTS_NAME, prepare_gemma3_270m, read_manifest
+from models.common.fileio import sha256_file
+from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
 from models.testing.tiny_models import pcc
 from tests.vllm.engines import run_offline
 
 pytestmark = pytest.mark.real_model
 
-MODEL_ID = "google/gemma-3-270m"
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    hub_id: str  # what LLM(model=...) is given
+    prepare: Callable[[], Path]  # -> the prepared hub snapshot directory (models--org--name/snapshots/<rev>)
+
+
+REAL_MODELS = [
+    RealModel("gemma3-270m", "google/gemma-3-270m", prepare_gemma3_270m),
+]
 PROMPTS = [  # four lengths, one batch
     "The capital of France is",
     "Hello, my name is",
@@ -35,8 +49,19 @@ PROMPTS = [  # four lengths, one batch
 STEPS = 8
 
 
-def start(env: dict[str, str], report: Path, precision: str = "bfloat16", prefix: tuple[str, ...] = ()):
-    return run_offline("--model", MODEL_ID, "--greedy_sampling", "--max_tokens", str(STEPS), "--precision", precision,
+@pytest.fixture(scope="module", params=REAL_MODELS, ids=lambda m: m.name)
+def real_model(request) -> RealModel:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def source(real_model) -> Path:
+    return real_model.prepare()
+
+
+def start(model: RealModel, env: dict[str, str], report: Path, precision: str = "bfloat16",
+          prefix: tuple[str, ...] = ()):
+    return run_offline("--model", model.hub_id, "--greedy_sampling", "--max_tokens", str(STEPS), "--precision", precision,
                        "--max_model_len", "256", env=env, report=report, prefix=prefix)
 
 
@@ -45,24 +70,29 @@ def hub_env(hub: Path, cache: Path) -> dict[str, str]:
             "TT_TRANSFORMERS_FORCE_MODEL_LOAD": ""}
 
 
-def copy_repo(destination: Path, *, weights: bool) -> Path:
-    """The prepared hub repo copied under ``destination/hub``, laid out as the hub lays it out: the
-    weights a symlink to ``blobs/<sha256>`` (verified against that name on first sight);
+def weight_files(snapshot: Path) -> list[Path]:
+    return sorted(snapshot.glob("*.safetensors"))
+
+
+def copy_repo(source: Path, destination: Path, *, weights: bool) -> Path:
+    """The prepared hub repo copied under ``destination/hub``, laid out as the hub lays it out: each
+    weights file a symlink to ``blobs/<sha256>`` (verified against that name on first sight);
     ``weights=False``: config and tokenizer only. Returns the hub."""
-    source = prepare_gemma3_270m()
-    repo = destination / "hub" / REPO_CACHE_NAME
-    shutil.copytree(source.parents[1], repo, ignore=shutil.ignore_patterns(WEIGHTS_NAME))
+    repo = destination / "hub" / source.parents[1].name
+    shutil.copytree(source.parents[1], repo, ignore=shutil.ignore_patterns("*.safetensors"))
     if weights:
-        blob = repo / "blobs" / read_manifest(source)["files"][WEIGHTS_NAME]["sha256"]
-        blob.parent.mkdir()
-        shutil.copy2(source / WEIGHTS_NAME, blob)
-        link = snapshot_of(destination / "hub") / WEIGHTS_NAME
-        link.symlink_to(os.path.relpath(blob, link.parent))
+        snapshot = snapshot_of(destination / "hub")
+        (repo / "blobs").mkdir(exist_ok=True)
+        for file in weight_files(source):
+            blob = repo / "blobs" / sha256_file(file)
+            shutil.copy2(file, blob)
+            (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
     return destination / "hub"
 
 
 def snapshot_of(hub: Path) -> Path:
-    return next((hub / REPO_CACHE_NAME / "snapshots").iterdir())
+    repo = next(hub.glob("models--*"))
+    return next((repo / "snapshots").iterdir())
 
 
 def assert_greedy(report: dict, expected: list[list[int]]) -> None:
@@ -79,14 +109,14 @@ def assert_started(proc: subprocess.CompletedProcess, report: dict | None) -> di
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory) -> Path:
-    return copy_repo(tmp_path_factory.mktemp("hub-full"), weights=True)
+def hub(source, tmp_path_factory) -> Path:
+    return copy_repo(source, tmp_path_factory.mktemp("hub-full"), weights=True)
 
 
 @pytest.fixture(scope="module")
-def deploy_hub(tmp_path_factory) -> Path:
+def deploy_hub(source, tmp_path_factory) -> Path:
     """A cache-only deploy: the snapshot's config and tokenizer, no weights."""
-    return copy_repo(tmp_path_factory.mktemp("hub-deploy"), weights=False)
+    return copy_repo(source, tmp_path_factory.mktemp("hub-deploy"), weights=False)
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +144,16 @@ def bf16_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cold_start(hub, bf16_cache, tmp_path_factory) -> dict:
-    proc, report = start(hub_env(hub, bf16_cache), tmp_path_factory.mktemp("cold") / "report.json")
+def cold_start(real_model, hub, bf16_cache, tmp_path_factory) -> dict:
+    proc, report = start(real_model, hub_env(hub, bf16_cache), tmp_path_factory.mktemp("cold") / "report.json")
     return assert_started(proc, report)
 
 
-def test_cold_start_generates_transformers_greedy_tokens(cold_start, transformers_reference):
+def test_cold_start_generates_transformers_greedy_tokens(real_model, cold_start, transformers_reference):
     assert cold_start["startup"]["warm"] is False
     assert_greedy(cold_start, transformers_reference["tokens"])
     cache_dir = Path(cold_start["startup"]["cache_dir"])
-    assert cache_dir.parts[-2:] == ("bfloat16", "mesh_1x1") and cache_dir.parts[-3].startswith("gemma-3-270m")
+    assert cache_dir.parts[-2:] == ("bfloat16", "mesh_1x1") and cache_dir.parts[-3].startswith(real_model.hub_id.split("/")[1])
 
 
 def zero_tensor_data(path: Path) -> None:
@@ -137,45 +167,46 @@ def zero_tensor_data(path: Path) -> None:
             remaining -= file.write(block[: min(remaining, len(block))])
 
 
-def test_a_fresh_copy_starts_warm_and_a_tampered_one_is_never_served_the_cache(cold_start, bf16_cache,
-                                                                               transformers_reference, tmp_path):
-    """A fresh copy of the weights is verified once and served by the warm cache; a copy whose blob
-    holds zeros under the genuine name is other weights, so it never gets the cache's."""
-    hub = copy_repo(tmp_path / "fresh", weights=True)
-    proc, report = start(hub_env(hub, bf16_cache), tmp_path / "fresh.json")
+def test_a_fresh_copy_starts_warm_and_a_tampered_one_never_gets_the_cache(real_model, source, cold_start, bf16_cache,
+                                                                          transformers_reference, tmp_path):
+    """A fresh copy of the weights is verified once and served by the warm cache; a copy whose
+    blobs hold zeros under the genuine names is other weights, so it never gets the cache's."""
+    hub = copy_repo(source, tmp_path / "fresh", weights=True)
+    proc, report = start(real_model, hub_env(hub, bf16_cache), tmp_path / "fresh.json")
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is True, report["startup"]
     assert_greedy(report, transformers_reference["tokens"])
     genuine_cache = report["startup"]["cache_dir"]
 
-    tampered = copy_repo(tmp_path / "tampered", weights=True)
-    weights = snapshot_of(tampered) / WEIGHTS_NAME
-    zero_tensor_data(weights.resolve())
-    with safe_open(str(weights), framework="pt") as reader:
-        assert not reader.get_tensor("model.embed_tokens.weight").any()
-    proc, report = start(hub_env(tampered, bf16_cache), tmp_path / "tampered.json")
+    tampered = copy_repo(source, tmp_path / "tampered", weights=True)
+    for weights in weight_files(snapshot_of(tampered)):
+        zero_tensor_data(weights.resolve())
+        with safe_open(str(weights), framework="pt") as reader:
+            assert not any(reader.get_tensor(name).any() for name in list(reader.keys())[:3])
+    proc, report = start(real_model, hub_env(tampered, bf16_cache), tmp_path / "tampered.json")
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is False and report["startup"]["cache_dir"] != genuine_cache
 
 
-def test_cache_only_deploy_starts_and_generates(cold_start, deploy_hub, bf16_cache, transformers_reference, tmp_path):
-    assert not (snapshot_of(deploy_hub) / WEIGHTS_NAME).exists()
-    proc, report = start(hub_env(deploy_hub, bf16_cache), tmp_path / "report.json")
+def test_cache_only_deploy_starts_and_generates(real_model, cold_start, deploy_hub, bf16_cache, transformers_reference,
+                                                tmp_path):
+    assert not weight_files(snapshot_of(deploy_hub))
+    proc, report = start(real_model, hub_env(deploy_hub, bf16_cache), tmp_path / "report.json")
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is True
     assert_greedy(report, transformers_reference["tokens"])
 
 
-def test_cold_cache_without_weights_is_a_clear_error(deploy_hub, tmp_path):
-    proc, report = start(hub_env(deploy_hub, tmp_path / "empty-cache"), tmp_path / "report.json")
+def test_cold_cache_without_weights_is_a_clear_error(real_model, deploy_hub, tmp_path):
+    proc, report = start(real_model, hub_env(deploy_hub, tmp_path / "empty-cache"), tmp_path / "report.json")
     assert proc.returncode == 1 and report is None
     assert "no warm ttnn cache" in proc.stderr and "no checkpoint weights" in proc.stderr
     assert "Traceback" not in proc.stderr.split("offline_inference_tt:")[-1]  # the script's own line is one line
 
 
-def test_bfloat8_b_first_token_agrees_and_logits_pcc(hub, transformers_reference, tmp_path, monkeypatch):
+def test_bfloat8_b_first_token_agrees_and_logits_pcc(real_model, hub, transformers_reference, tmp_path, monkeypatch):
     cache = tmp_path / "tt-cache-bf8"
-    proc, report = start(hub_env(hub, cache), tmp_path / "report.json", precision="bfloat8_b")
+    proc, report = start(real_model, hub_env(hub, cache), tmp_path / "report.json", precision="bfloat8_b")
     report = assert_started(proc, report)
     first = [item["token_ids"][0] for item in report["completions"]]
     assert first == [tokens[0] for tokens in transformers_reference["tokens"]]
@@ -183,14 +214,16 @@ def test_bfloat8_b_first_token_agrees_and_logits_pcc(hub, transformers_reference
     # The logits of the same warm bfloat8_b cache, through the same TT model interface the engine ran.
     from transformers import AutoConfig
 
-    from models.vllm_plugin.tt_models import TTGemma3ForCausalLM
+    from models.vllm_plugin import tt_models
+    from models.vllm_plugin.architectures import tt_architecture
 
     monkeypatch.setenv("TT_CACHE_PATH", str(cache))
     config = AutoConfig.from_pretrained(snapshot_of(hub))
-    model = TTGemma3ForCausalLM.initialize_vllm_model(config, None, len(PROMPTS), 256, precision="bfloat8_b")
+    tt_class = getattr(tt_models, tt_architecture(config.architectures[0]))
+    model = tt_class.initialize_vllm_model(config, None, len(PROMPTS), 256, precision="bfloat8_b")
     assert model.loaded.warm
     ids = transformers_reference["ids"]
-    kv = model.allocate_kv_cache((len(PROMPTS) * 2 + 1, 1, 32, 256), torch.float32, 18)
+    kv = model.allocate_kv_cache((len(PROMPTS) * 2 + 1, 1, 32, 1), torch.float32, len(model.decoder.kv_layout()))
     tokens = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
     for i, prompt in enumerate(ids):
         tokens[i, : len(prompt)] = torch.tensor(prompt)
