@@ -183,9 +183,11 @@ def test_a_fresh_copy_starts_warm_and_a_tampered_one_never_gets_the_cache(real_m
         zero_tensor_data(weights.resolve())
         with safe_open(str(weights), framework="pt") as reader:
             assert not any(reader.get_tensor(name).any() for name in list(reader.keys())[:3])
-    proc, report = start(real_model, hub_env(tampered, bf16_cache), tmp_path / "tampered.json")
+    shared = shutil.copytree(bf16_cache, tmp_path / "shared-cache")  # the same cache, left as the other tests need it
+    proc, report = start(real_model, hub_env(tampered, shared), tmp_path / "tampered.json")
     report = assert_started(proc, report)
-    assert report["startup"]["warm"] is False and report["startup"]["cache_dir"] != genuine_cache
+    genuine_copy = str(shared / Path(genuine_cache).relative_to(bf16_cache))
+    assert report["startup"]["warm"] is False and report["startup"]["cache_dir"] != genuine_copy
 
 
 def test_cache_only_deploy_starts_and_generates(real_model, cold_start, deploy_hub, bf16_cache, transformers_reference,
