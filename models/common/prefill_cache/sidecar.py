@@ -24,7 +24,11 @@ Changed stamps (a copy, a restore, a remount) only mean "hash again", never "cor
 
 Legacy objects (authority schema v1, named by a hash that included the source tree) are still
 found, read-only: by a direct probe when the caller still knows that source hash, otherwise
-through a per-root index of their normalized manifests.
+through a per-root index of their normalized manifests (``legacy``).
+
+A consumer that uses a found object marks it used (:meth:`FrozenBackboneFeatureSidecar.mark_used_boundary`,
+``usage``: the object directory's mtime, at most once a minute per object and process), which is
+what size-capped eviction orders by.
 """
 
 from __future__ import annotations
@@ -60,8 +64,6 @@ from models.common.prefill_cache.identity import FEATURE_DTYPES, FrozenBackboneC
 from models.common.prefill_cache.layout import (
     ARTIFACT_NAMES,
     FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
-    SIDECAR_SCHEMAS,
-    SOURCE_DIAGNOSTIC_FIELDS,
     FrozenBackboneCacheError,
     _ObjectPaths,
     artifact_record,
@@ -78,11 +80,12 @@ from models.common.prefill_cache.layout import (
     read_json_object,
     str_keyed,
 )
+from models.common.prefill_cache.legacy import LEGACY_INDEX
 from models.common.prefill_cache.packet import FrozenBackbonePrefillPacket
+from models.common.prefill_cache.usage import USES
 
 _PROOF_CACHE_ENTRIES: Final = 8_192
 _PROOF_CACHE_BYTES: Final = 64 << 20
-_LEGACY_INDEX_ROOTS: Final = 16
 _RACY_WINDOW_NS: Final = 2_000_000_000
 
 
@@ -210,72 +213,6 @@ def _clear_validation_proofs() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Legacy (v1, source-bound) objects
-# ---------------------------------------------------------------------------------------------
-
-
-def _legacy_entry(manifest_path: Path) -> str | None:
-    """The normalized (v2) authority sha of a well-formed legacy manifest, else None."""
-    object_sha256 = manifest_path.parent.name
-    if not is_sha256_hex(object_sha256) or manifest_path.parent.parent.name != object_sha256[:2]:
-        return None
-    try:
-        manifest, _ = read_json_object(manifest_path, "legacy manifest")
-    except FrozenBackboneCacheError:
-        return None
-    stored = str_keyed(manifest.get("authority"))
-    if (
-        manifest.get("schema") not in SIDECAR_SCHEMAS
-        or manifest.get("authoritySha256") != object_sha256
-        or stored is None
-        or SOURCE_DIAGNOSTIC_FIELDS.isdisjoint(stored)
-        or json_sha256(stored) != object_sha256
-    ):
-        return None
-    return json_sha256(normalized_authority(stored))
-
-
-class _LegacyIndex:
-    """Per resolved root: normalized authority sha -> legacy manifest paths.
-
-    Built on the first miss of a process under a root, by reading every manifest once (legacy
-    objects are never written any more, so it never goes stale); bounded to a few roots."""
-
-    def __init__(self, roots: int) -> None:
-        self.roots = roots
-        self._lock = threading.Lock()
-        self._indexes: OrderedDict[Path, dict[str, tuple[Path, ...]]] = OrderedDict()
-
-    def get(self, cache_root: Path) -> dict[str, tuple[Path, ...]]:
-        with self._lock:
-            index = self._indexes.get(cache_root)
-            if index is None:
-                index = self._build(cache_root)
-                self._indexes[cache_root] = index
-            self._indexes.move_to_end(cache_root)
-            while len(self._indexes) > self.roots:
-                self._indexes.popitem(last=False)
-            return index
-
-    @staticmethod
-    def _build(cache_root: Path) -> dict[str, tuple[Path, ...]]:
-        found: dict[str, list[Path]] = {}
-        for manifest_path in sorted((cache_root / "objects").glob("*/*/manifest.json")):
-            normalized_sha256 = _legacy_entry(manifest_path)
-            if normalized_sha256 is not None:
-                found.setdefault(normalized_sha256, []).append(manifest_path)
-        logger.debug("legacy prefill index of {}: {} authorities", cache_root, len(found))
-        return {key: tuple(value) for key, value in found.items()}
-
-    def reset_after_fork(self) -> None:
-        self._lock = threading.Lock()
-
-
-_LEGACY_INDEX = _LegacyIndex(_LEGACY_INDEX_ROOTS)
-os.register_at_fork(after_in_child=_LEGACY_INDEX.reset_after_fork)
-
-
-# ---------------------------------------------------------------------------------------------
 # The durable object
 # ---------------------------------------------------------------------------------------------
 
@@ -337,8 +274,14 @@ class FrozenBackboneFeatureSidecar:
                 found = self._lookup(self.legacy_paths)
             return found if found is not None else self._lookup_indexed_legacy()
 
+    def mark_used_boundary(self) -> None:
+        """Record that this object was just used (after a lookup found it): what size-capped
+        eviction orders by (``usage``). The one metadata change a reader makes, and only when it
+        asks: ``lookup_boundary`` itself never writes."""
+        USES.touch(self.paths.root)
+
     def _lookup_indexed_legacy(self) -> FrozenBackbonePrefillPacket | None:
-        for manifest_path in _LEGACY_INDEX.get(self.cache_root).get(self.authority_sha256, ()):
+        for manifest_path in LEGACY_INDEX.get(self.cache_root).get(self.authority_sha256, ()):
             paths = _ObjectPaths.of(self.cache_root, manifest_path.parent.name, self.authority.feature_dtype)
             if paths.root not in (self.paths.root, getattr(self.legacy_paths, "root", None)):
                 found = self._lookup(paths)
@@ -355,12 +298,14 @@ class FrozenBackboneFeatureSidecar:
         small = _PROOFS.holds(key, stamps)
         try:
             if small is not None:
-                return self._map_proven(paths, small)
-            return self._validate_and_map(paths, key, stamps)
+                found = self._map_proven(paths, small)
+            else:
+                found = self._validate_and_map(paths, key, stamps)
         except (FrozenBackboneCacheError, OSError, RuntimeError):
             if _stamp(paths.manifest) is None:  # retracted meanwhile (gc, a rebuild): a miss
                 return None
             raise
+        return found
 
     def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
         """Memory-map the three artifacts as one packet row (no copy, no hashing, no checks:
