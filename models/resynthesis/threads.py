@@ -98,7 +98,11 @@ class Member:
 class ThreadShare:
     """This process's share of the CPUs (see the module docstring). Use as a context manager, or
     :meth:`start` / :meth:`close`; call :meth:`refresh` before each unit of work and wrap waits
-    in :meth:`paused`."""
+    in :meth:`paused`.
+
+    ``history`` lists ``(time.time(), threads)`` at every change of this process's threads (0:
+    waiting or paused), stamped when the decision was published under the directory lock: the
+    histories of all processes merge into one consistent timeline."""
 
     def __init__(self, threads: int | None = None, *, share_dir: Path | None = None,
                  apply: Callable[[int], None] = _torch_threads) -> None:
@@ -112,10 +116,10 @@ class ThreadShare:
         self.apply = apply
         self.threads = 0  # what this process computes with now (0: not yet, or waiting)
         self.coordinated = False
-        self.history: list[tuple[float, int]] = []  # (time.time(), threads from then on; 0 = waiting)
+        self.history: list[tuple[float, int]] = []
         self._fd: int | None = None
         self._path: Path | None = None
-        self._computing = False
+        self._published: tuple[bool, int] | None = None  # (computing, threads) last written
 
     # -- membership -------------------------------------------------------------------------
 
@@ -124,10 +128,11 @@ class ThreadShare:
             self.share_dir.mkdir(parents=True, exist_ok=True)
             name = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}{MEMBER_SUFFIX}"
             path = self.share_dir / name
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            if not try_flock(fd, exclusive=True):  # a fresh file nobody else knows: cannot happen
-                os.close(fd)
-                raise OSError(f"{path} is locked by another process")
+            with file_lock(self.share_dir / ".share.lock"):  # no one probes it before it is locked
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                if not try_flock(fd, exclusive=True):  # a fresh file nobody else knows: cannot happen
+                    os.close(fd)
+                    raise OSError(f"{path} is locked by another process")
             self._fd, self._path, self.coordinated = fd, path, True
         except OSError as error:
             logger.warning("cannot share CPUs with other processes through {} ({}); computing with {} "
@@ -136,12 +141,15 @@ class ThreadShare:
         return self
 
     def close(self) -> None:
-        self._record(0)
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                self._path.unlink()
+            with self._decision():
+                self._publish(False, 0)
+                with contextlib.suppress(OSError):
+                    self._path.unlink()
             os.close(self._fd)
             self._fd = None
+        else:
+            self._note(0)
 
     def __enter__(self) -> ThreadShare:
         return self.start()
@@ -151,26 +159,30 @@ class ThreadShare:
 
     # -- decisions --------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _decision(self) -> Iterator[None]:
+        """The directory lock: one process decides at a time, on a current view of the others."""
+        if self._fd is None:
+            yield
+            return
+        with file_lock(self.share_dir / ".share.lock"):
+            yield
+
     def refresh(self) -> int:
         """Re-decide this process's threads now (waiting, if a newcomer, for the others to shrink)
         and apply them; returns the count."""
-        if self.fixed is not None or not self.coordinated:
-            if not self._computing and self.coordinated:
-                with file_lock(self.share_dir / ".share.lock"):
-                    self._computing = True
-                    self._publish(self.cap)
-            self._computing = True
+        if self.fixed is not None or self._fd is None:
+            if self._published != (True, self.cap):
+                with self._decision():
+                    self._publish(True, self.cap)
             return self._use(self.cap)
         deadline = time.monotonic() + _MAX_WAIT_S
         while True:
-            with file_lock(self.share_dir / ".share.lock"):
-                others = self._others()
-                chosen = self._choose(others, waited_enough=time.monotonic() > deadline)
-                self._computing = True
-                self._publish(chosen)
+            with self._decision():
+                chosen = self._choose(self._others(), waited_enough=time.monotonic() > deadline)
+                self._publish(True, chosen)
             if chosen:
                 return self._use(chosen)
-            self._record(0)
             time.sleep(_POLL_S)
 
     def _choose(self, others: list[Member], *, waited_enough: bool) -> int:
@@ -186,42 +198,42 @@ class ThreadShare:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Give the share back for the block (a wait), take a share again after it."""
-        if self.coordinated and self.fixed is None:
-            with file_lock(self.share_dir / ".share.lock"):
-                self._computing = False
-                self._publish(0)
-            self._record(0)
+        automatic = self._fd is not None and self.fixed is None
+        if automatic:
+            with self._decision():
+                self._publish(False, 0)
         try:
             yield
         finally:
-            if self.coordinated and self.fixed is None:
+            if automatic:
                 self.refresh()
 
     def _use(self, count: int) -> int:
         self.apply(count)
-        self._record(count)
+        self.threads = count
         return count
 
-    def _record(self, count: int) -> None:
-        if self.threads != count or not self.history:
-            self.history.append((time.time(), count))
-        self.threads = count
+    def _note(self, threads: int) -> None:
+        if not self.history or self.history[-1][1] != threads:
+            self.history.append((time.time(), threads))
 
     # -- member files -----------------------------------------------------------------------
 
-    def _publish(self, threads: int) -> None:
-        """Write this process's state into its member file (the directory lock is held)."""
-        if self._fd is None:
+    def _publish(self, computing: bool, threads: int) -> None:
+        """Write this process's state into its member file and its history (decision held)."""
+        self._note(threads if computing else 0)
+        if self._fd is None or self._published == (computing, threads):
             return
-        record = {"fixed": self.fixed is not None, "computing": self._computing, "threads": threads,
+        record = {"fixed": self.fixed is not None, "computing": computing, "threads": threads,
                   "cpus": sorted(self.cpus)}
         data = json.dumps(record, separators=(",", ":")).encode()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, data, 0)
+        self._published = (computing, threads)
 
     def _others(self) -> list[Member]:
-        """The other live processes computing on CPUs this one may use (the directory lock is held);
-        removes the files of dead ones."""
+        """The other live processes computing on CPUs this one may use (decision held); removes
+        the files of dead ones."""
         found = []
         for path in self.share_dir.iterdir():
             if path == self._path or not path.name.endswith(MEMBER_SUFFIX):
@@ -247,7 +259,7 @@ class ThreadShare:
             return None
         finally:
             os.close(fd)
-        cpus = record.get("cpus")
+        cpus = record.get("cpus") if isinstance(record, dict) else None
         if not isinstance(cpus, list) or self.cpus.isdisjoint(c for c in cpus if isinstance(c, int)):
             return None
         threads = record.get("threads")

@@ -58,10 +58,10 @@ class ProducerError(RuntimeError):
 
 
 def describe_os_error(error: OSError) -> str:
-    """``ENOSPC (No space left on device): /path``: the errno's name, its words, the file."""
-    name = errno.errorcode.get(error.errno or 0, "OSError")
+    """``ENOSPC: No space left on device: /path``: the errno's name, its words, the file."""
+    name = errno.errorcode.get(error.errno or 0, type(error).__name__)
     where = f": {error.filename}" if error.filename else ""
-    return f"{name} ({error.strerror or error}){where}"
+    return f"{name}: {error.strerror or error}{where}"
 
 
 @dataclass

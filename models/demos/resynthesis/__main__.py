@@ -169,18 +169,20 @@ def _size(n: float) -> str:
 def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str, Any], list[str]]:
     """What the prefill cache holds for this run, for the JSON report and the closing lines."""
     from models.common.prefill_cache import FrozenBackboneCacheError
-    from models.common.prefill_cache.maintenance import summarize
+    from models.common.prefill_cache.maintenance import describe, summarize
 
     if not cache:
         return {"cache": False}, ["prefill cache off: nothing stored"]
     storage = producer.storage
     run_bytes, run_objects = 0, 0
-    for root in {producer.sidecar(tokens).paths for tokens in prompts}:
+    for root in {producer.sidecar(tokens).paths.root for tokens in prompts}:
         try:
-            run_bytes += sum(path.stat().st_size for path in (root.manifest, *root.artifacts))
-            run_objects += 1
+            info = describe(root)
         except OSError:
-            continue  # not stored (or evicted)
+            continue  # never stored
+        if info.state == "complete":  # not unstored, evicted or unreadable
+            run_bytes += info.bytes
+            run_objects += 1
     report: dict[str, Any] = {"cache": True, **storage.to_json(), "run_objects": run_objects, "run_bytes": run_bytes,
                               "bytes_per_sample": run_bytes / run_objects if run_objects else None}
     lines = []
@@ -189,7 +191,7 @@ def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str
                      f"{run_bytes / run_objects:,.0f} bytes per sample ({producer.feature_dtype} features)")
     try:
         root = summarize(producer.cache_root, max_bytes=storage.max_bytes)
-        report["root"] = root.to_json()
+        report["summary"] = root.to_json()
         cap = f" of a {_size(root.max_bytes)} cap" if root.max_bytes is not None else ""
         lines.append(f"prefill cache {root.root}: {root.objects} objects, {_size(root.bytes)}{cap}"
                      f"{f'; {storage.evicted} evicted by this run' if storage.evicted else ''}")
@@ -197,9 +199,9 @@ def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str
         lines.append(f"prefill cache {producer.cache_root}: cannot be listed: {error}")
     if storage.unstored:
         shown = ", ".join(sha[:12] for sha in storage.unstored[:5])
-        lines.append(f"WARNING: the features of {len(storage.unstored)} prompts were NOT stored "
-                     f"({storage.store_error}); this run served them from memory, the next one computes them again "
-                     f"(prompt sha256 {shown}{', ...' if len(storage.unstored) > 5 else ''})")
+        lines.append(f"WARNING: the features of {len(storage.unstored)} prompts were NOT stored in "
+                     f"{producer.cache_root} ({storage.store_error}); this run served them from memory, the next "
+                     f"one computes them again (prompt sha256 {shown}{', ...' if len(storage.unstored) > 5 else ''})")
     return report, lines
 
 

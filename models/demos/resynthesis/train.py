@@ -20,6 +20,7 @@ written (a full disk) does not stop training: the run says which epochs were not
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
 import time
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from loguru import logger
 from torch import nn
 
-from models.common.fileio import atomic_output
+from models.common.fileio import atomic_write_bytes
 from models.resynthesis.source import ParentFeatureSource
 from models.resynthesis.waves import describe_os_error, prompt_set_sha256
 
@@ -226,10 +227,11 @@ class Trainer:
         state = {"schema": CHECKPOINT_SCHEMA, "epoch": epoch, "config": asdict(self.config),
                  "binding": self.binding, "child": self.child.state_dict(),
                  "optimizer": self.optimizer.state_dict(), "history": [asdict(r) for r in self.history]}
+        buffer = io.BytesIO()  # serialized first: torch's writer turns a full disk into a RuntimeError
+        torch.save(state, buffer)
         try:
             self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_output(self.checkpoint) as temp:
-                torch.save(state, temp)
+            atomic_write_bytes(self.checkpoint, buffer.getbuffer())
         except OSError as error:
             why = describe_os_error(error)
             self.unsaved.append((epoch, why))
