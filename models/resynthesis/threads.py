@@ -19,7 +19,7 @@ thread team is split).
 The agreement is a directory of member files (``TT_CPU_SHARE_DIR``, default
 ``$TMPDIR/tt-warm-loaders-<uid>/cpu-share``): each process holds an ``flock`` on its own file
 for its lifetime (so a killed process drops out by itself, in any PID namespace) and writes its
-state there (computing or waiting, threads, CPUs); every decision is taken under one short lock
+state there (idle, computing or waiting; threads; CPUs); every decision is taken under one short lock
 of the directory, so two processes never decide on a stale view of each other. Processes whose
 CPU sets do not intersect ignore each other. If the directory cannot be used, the process runs
 alone with its cap and says so.
@@ -44,10 +44,11 @@ from loguru import logger
 from models.common.fileio import file_lock, try_flock
 
 SHARE_DIR_ENV: Final = "TT_CPU_SHARE_DIR"
+IDLE, COMPUTING, WAITING = "idle", "computing", "waiting"  # a member's state (only computing takes CPUs)
 MEMBER_SUFFIX: Final = ".member"
 _RECORD_MAX_BYTES: Final = 1 << 16
 _POLL_S: Final = 0.01
-_MAX_WAIT_S: Final = 120.0  # waiting for others to shrink; then run one thread anyway
+_MAX_WAIT_S: Final = 30.0  # waiting for others to shrink; then run one thread anyway
 
 
 def affinity_cpus() -> frozenset[int]:
@@ -97,8 +98,9 @@ class Member:
 
 class ThreadShare:
     """This process's share of the CPUs (see the module docstring). Use as a context manager, or
-    :meth:`start` / :meth:`close`; call :meth:`refresh` before each unit of work and wrap waits
-    in :meth:`paused`.
+    :meth:`start` / :meth:`close`; call :meth:`refresh` before each unit of parallel work (a
+    prefill, a training step: that is when the share is taken, and re-decided) and wrap waits in
+    :meth:`paused`.
 
     ``history`` lists ``(time.time(), threads)`` at every change of this process's threads (0:
     waiting or paused), stamped when the decision was published under the directory lock: the
@@ -119,7 +121,7 @@ class ThreadShare:
         self.history: list[tuple[float, int]] = []
         self._fd: int | None = None
         self._path: Path | None = None
-        self._published: tuple[bool, int] | None = None  # (computing, threads) last written
+        self._published: tuple[str, int] | None = None  # (state, threads) last written
 
     # -- membership -------------------------------------------------------------------------
 
@@ -134,16 +136,17 @@ class ThreadShare:
                     os.close(fd)
                     raise OSError(f"{path} is locked by another process")
             self._fd, self._path, self.coordinated = fd, path, True
+            with self._decision():
+                self._publish(IDLE, 0)  # a member, not computing yet: loading claims no CPU share
         except OSError as error:
             logger.warning("cannot share CPUs with other processes through {} ({}); computing with {} "
                            "thread(s) as if alone", self.share_dir, error, self.cap)
-        self.refresh()
         return self
 
     def close(self) -> None:
         if self._fd is not None:
             with self._decision():
-                self._publish(False, 0)
+                self._publish(IDLE, 0)
                 with contextlib.suppress(OSError):
                     self._path.unlink()
             os.close(self._fd)
@@ -172,15 +175,15 @@ class ThreadShare:
         """Re-decide this process's threads now (waiting, if a newcomer, for the others to shrink)
         and apply them; returns the count."""
         if self.fixed is not None or self._fd is None:
-            if self._published != (True, self.cap):
+            if self._published != (COMPUTING, self.cap):
                 with self._decision():
-                    self._publish(True, self.cap)
+                    self._publish(COMPUTING, self.cap)
             return self._use(self.cap)
         deadline = time.monotonic() + _MAX_WAIT_S
         while True:
             with self._decision():
                 chosen = self._choose(self._others(), waited_enough=time.monotonic() > deadline)
-                self._publish(True, chosen)
+                self._publish(COMPUTING, chosen)
             if chosen:
                 return self._use(chosen)
             time.sleep(_POLL_S)
@@ -201,7 +204,7 @@ class ThreadShare:
         automatic = self._fd is not None and self.fixed is None
         if automatic:
             with self._decision():
-                self._publish(False, 0)
+                self._publish(WAITING, 0)
         try:
             yield
         finally:
@@ -219,17 +222,17 @@ class ThreadShare:
 
     # -- member files -----------------------------------------------------------------------
 
-    def _publish(self, computing: bool, threads: int) -> None:
+    def _publish(self, state: str, threads: int) -> None:
         """Write this process's state into its member file and its history (decision held)."""
-        self._note(threads if computing else 0)
-        if self._fd is None or self._published == (computing, threads):
+        self._note(threads if state == COMPUTING else 0)
+        if self._fd is None or self._published == (state, threads):
             return
-        record = {"fixed": self.fixed is not None, "computing": computing, "threads": threads,
+        record = {"fixed": self.fixed is not None, "state": state, "threads": threads, "pid": os.getpid(),
                   "cpus": sorted(self.cpus)}
         data = json.dumps(record, separators=(",", ":")).encode()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, data, 0)
-        self._published = (computing, threads)
+        self._published = (state, threads)
 
     def _others(self) -> list[Member]:
         """The other live processes computing on CPUs this one may use (decision held); removes
@@ -263,5 +266,5 @@ class ThreadShare:
         if not isinstance(cpus, list) or self.cpus.isdisjoint(c for c in cpus if isinstance(c, int)):
             return None
         threads = record.get("threads")
-        return Member(fixed=record.get("fixed") is True, computing=record.get("computing") is True,
+        return Member(fixed=record.get("fixed") is True, computing=record.get("state") == COMPUTING,
                       threads=threads if type(threads) is int and threads >= 0 else len(self.cpus))
