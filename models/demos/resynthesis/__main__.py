@@ -179,21 +179,26 @@ def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str
     if not cache:
         return {"cache": False}, ["prefill cache off: nothing stored"]
     storage = producer.storage
-    run_bytes, run_objects = 0, 0
-    for root in {producer.sidecar(tokens).paths.root for tokens in prompts}:
+    run_bytes, feature_bytes, run_objects = 0, 0, 0
+    for paths in {producer.sidecar(tokens).paths for tokens in prompts}:
         try:
-            info = describe(root)
+            info = describe(paths.root)
+            if info.state != "complete":  # unstored, evicted or unreadable
+                continue
+            feature_bytes += sum(path.stat().st_size for path in paths.artifacts[:2])
         except OSError:
             continue  # never stored
-        if info.state == "complete":  # not unstored, evicted or unreadable
-            run_bytes += info.bytes
-            run_objects += 1
+        run_bytes += info.bytes
+        run_objects += 1
+    per_sample = run_bytes / run_objects if run_objects else None
     report: dict[str, Any] = {"cache": True, **storage.to_json(), "run_objects": run_objects, "run_bytes": run_bytes,
-                              "bytes_per_sample": run_bytes / run_objects if run_objects else None}
+                              "bytes_per_sample": per_sample,
+                              "feature_bytes_per_sample": feature_bytes / run_objects if run_objects else None}
     lines = []
     if run_objects:
         lines.append(f"prefill cache: {run_objects} of this run's {len(prompts)} prompts stored, {_size(run_bytes)}: "
-                     f"{run_bytes / run_objects:,.0f} bytes per sample ({producer.feature_dtype} features)")
+                     f"{per_sample:,.0f} bytes per sample, of which {feature_bytes / run_objects:,.0f} "
+                     f"{producer.feature_dtype} features")
     try:
         root = summarize(producer.cache_root, max_bytes=storage.max_bytes)
         report["summary"] = root.to_json()

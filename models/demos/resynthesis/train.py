@@ -267,17 +267,19 @@ class Trainer:
         if schema != CHECKPOINT_SCHEMA:
             raise ChildCheckpointError(f"checkpoint {path} is not a child checkpoint (schema {schema!r:.80})")
         saved_binding = state.get("binding") if isinstance(state.get("binding"), dict) else {}
+        problems = []
         differences = _differences(saved_binding, self.binding)
         if differences:
-            raise ChildCheckpointError(f"checkpoint {path} was trained on something else: " + "; ".join(differences)
-                                       + ". Resume it with the same --model, --precision, --feature-dtype and "
-                                       "prompts, or start a new --checkpoint")
+            problems.append("it was trained on something else: " + "; ".join(differences))
         same = {k: v for k, v in asdict(self.config).items() if k != "epochs"}
-        saved = {k: v for k, v in (state.get("config") or {}).items() if k != "epochs"}
-        differences = _differences(saved, same)
+        saved = state.get("config") if isinstance(state.get("config"), dict) else {}
+        differences = _differences({k: v for k, v in saved.items() if k != "epochs"}, same)
         if differences:
-            raise ChildCheckpointError(f"checkpoint {path} has another training configuration: "
-                                       + "; ".join(differences))
+            problems.append("it has another training configuration: " + "; ".join(differences))
+        if problems:
+            raise ChildCheckpointError(f"cannot resume checkpoint {path}: " + "; and ".join(problems)
+                                       + ". Resume it with the same --model, --precision, --feature-dtype, prompts "
+                                       "and sizes, or start a new --checkpoint")
         try:
             self.child.load_state_dict(state["child"])
             self.optimizer.load_state_dict(state["optimizer"])
