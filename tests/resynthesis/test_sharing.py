@@ -3,7 +3,9 @@
 
 * Threads never oversubscribe: two real trainer processes computing at the same time keep the
   sum of their torch threads within the CPUs they may use, at every moment of their merged
-  decision histories; ``--threads``, ``OMP_NUM_THREADS`` and ``sched_getaffinity`` are honoured.
+  decision histories (how many a trainer takes alone depends on the machine's other load, which
+  the tests do not control); ``--threads``, ``OMP_NUM_THREADS`` and ``sched_getaffinity`` are
+  honoured.
 * One producer per object: a second trainer on the same cache waits for the features the first
   one is computing (a real process held with SIGSTOP while it holds its claims) instead of
   computing them; together they compute each prefill once.
@@ -62,7 +64,6 @@ def test_two_trainers_at_once_never_oversubscribe_the_cpus(world: World, tmp_pat
     timeline = _timeline(*histories)
     assert all(sum(threads) <= CPUS for _, threads in timeline), timeline
     assert any(min(threads) >= 1 for _, threads in timeline), f"the trainers never computed at once: {timeline}"
-    assert any(max(threads) == CPUS for _, threads in timeline), f"alone, a trainer uses every CPU: {timeline}"
     assert not list((tmp_path / "share").glob(f"*{MEMBER_SUFFIX}"))  # both left the share
 
 
@@ -155,3 +156,22 @@ def test_two_trainers_on_one_cache_compute_each_prefill_once(world: World, tmp_p
     assert reports[1]["epochs"][0]["waited"] >= len(claimed), reports[1]["epochs"][0]
     assert losses(tmp_path / "first.json") == losses(tmp_path / "second.json")  # the same features, the same curve
     assert not _held_claims(root)
+
+
+def test_cpus_busy_with_other_work_are_not_taken(tmp_path):
+    """A real CPU-bound process on a CPU makes that CPU busy for the share (whatever else runs)."""
+    import subprocess
+    import sys
+
+    from models.resynthesis.threads import ForeignLoad
+
+    cpu = min(affinity_cpus())
+    burner = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.5)
+        load = ForeignLoad(frozenset({cpu}), interval_s=0.0)
+        time.sleep(1.0)
+        assert load.update() >= 0.7
+    finally:
+        burner.kill()
+        burner.wait()
