@@ -39,8 +39,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -57,8 +56,6 @@ from models.common.fileio import (
     is_temp_path,
     sha256_bytes,
     sha256_file,
-    unique_temp_path,
-    write_all,
 )
 from models.common.prefill_cache.identity import FEATURE_DTYPES, FrozenBackboneCacheAuthority, tensor_bytes
 from models.common.prefill_cache.layout import (
@@ -82,6 +79,7 @@ from models.common.prefill_cache.layout import (
 )
 from models.common.prefill_cache.legacy import LEGACY_INDEX
 from models.common.prefill_cache.packet import FrozenBackbonePrefillPacket
+from models.common.prefill_cache.publish import StagedObject, open_partials, publish_wave
 from models.common.prefill_cache.usage import USES
 
 _PROOF_CACHE_ENTRIES: Final = 8_192
@@ -215,16 +213,6 @@ def _clear_validation_proofs() -> None:
 # ---------------------------------------------------------------------------------------------
 # The durable object
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _StagedObject:
-    """One object of a store in flight: its payloads, digests and (after flushing) file records."""
-
-    sidecar: FrozenBackboneFeatureSidecar
-    payloads: tuple[memoryview, ...]
-    sha256s: tuple[str, ...]
-    records: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 class FrozenBackboneFeatureSidecar:
@@ -392,7 +380,7 @@ class FrozenBackboneFeatureSidecar:
             and is_sha256_hex(record.get("sha256"))
         )
 
-    def _progress_payload(self, staged: _StagedObject) -> dict[str, object]:
+    def _progress_payload(self, staged: StagedObject) -> dict[str, object]:
         return {
             "schema": FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
             "authoritySha256": self.authority_sha256,
@@ -425,12 +413,12 @@ class FrozenBackboneFeatureSidecar:
             if not torch.equal(actual.detach().cpu(), expected):
                 raise ValueError("packet identity digests differ from its authority")
 
-    def _staged(self, packet: FrozenBackbonePrefillPacket) -> _StagedObject:
+    def _staged(self, packet: FrozenBackbonePrefillPacket) -> StagedObject:
         payloads = tuple(
             tensor_bytes(t)
             for t in (packet.final_hidden_t, packet.summary_hidden_t, packet.input_positions_t)
         )
-        return _StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
+        return StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
 
     def _existing_or_retract(self) -> FrozenBackbonePrefillPacket | None:
         """Under the writer lock: the valid object if there is one (its dead writers' leftovers
@@ -480,7 +468,7 @@ class FrozenBackboneFeatureSidecar:
             logger.warning("ignoring {}; restaging from the packet", error)
             return None
 
-    def _reusable(self, staged: _StagedObject, index: int, frontier: dict[str, object] | None) -> bool:
+    def _reusable(self, staged: StagedObject, index: int, frontier: dict[str, object] | None) -> bool:
         """True when a durable partial artifact from an interrupted store already holds exactly
         the bytes to write (checked by hash, never trusted)."""
         if frontier is None:
@@ -493,11 +481,11 @@ class FrozenBackboneFeatureSidecar:
             sha256_file(partial) == staged.sha256s[index]
         )
 
-    def _record_partials(self, staged: _StagedObject) -> None:
+    def _record_partials(self, staged: StagedObject) -> None:
         for spec, partial, digest in zip(self._specs, self.paths.partials, staged.sha256s, strict=True):
             staged.records[spec.name] = artifact_record(spec, os.stat(partial).st_size, digest)
 
-    def _manifest_bytes(self, staged: _StagedObject) -> bytes:
+    def _manifest_bytes(self, staged: StagedObject) -> bytes:
         return manifest_bytes(self.authority_sha256, self.authority_record, staged.records)
 
     def _promote(self) -> None:
@@ -519,7 +507,7 @@ class FrozenBackboneFeatureSidecar:
             try:
                 self._sweep_debris()
                 frontier = self._durable_frontier()
-                with _open_partials(self, staged, frontier) as fds:
+                with open_partials(self, staged, frontier) as fds:
                     fsync_fds(fd for fd in fds if fd is not None)
                     self._record_partials(staged)
                 atomic_write_bytes(self.paths.progress, canonical_json(self._progress_payload(staged)))
@@ -563,69 +551,9 @@ class FrozenBackboneFeatureSidecar:
             ]
             if todo:
                 try:
-                    _publish_wave(todo)
+                    publish_wave(todo)
                 except BaseException:
                     for staged in todo:
                         staged.sidecar._discard_unpublished()
                     raise
         return len(captured)
-
-
-@contextlib.contextmanager
-def _open_partials(
-    sidecar: FrozenBackboneFeatureSidecar,
-    staged: _StagedObject,
-    frontier: dict[str, object] | None,
-) -> Iterator[list[int | None]]:
-    """Write the object's partial artifacts (reusing verified durable ones) and yield their fds
-    (None for a reused file) open for flushing; closes them afterwards."""
-    fds: list[int | None] = []
-    try:
-        for index, partial in enumerate(sidecar.paths.partials):
-            if sidecar._reusable(staged, index, frontier):
-                fds.append(None)
-                continue
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            fds.append(fd)
-            write_all(fd, staged.payloads[index])
-        yield fds
-    finally:
-        for fd in fds:
-            if fd is not None:
-                os.close(fd)
-
-
-def _publish_wave(wave: list[_StagedObject]) -> None:
-    """The phases of :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` (locks held)."""
-    with contextlib.ExitStack() as stack:
-        artifact_fds: list[int] = []
-        for staged in wave:
-            staged.sidecar._sweep_debris()
-            staged.sidecar.paths.progress.unlink(missing_ok=True)
-            fds = stack.enter_context(_open_partials(staged.sidecar, staged, None))
-            artifact_fds.extend(fd for fd in fds if fd is not None)
-        fsync_fds(artifact_fds)
-    manifest_temps = [unique_temp_path(staged.sidecar.paths.manifest) for staged in wave]
-    try:
-        with contextlib.ExitStack() as stack:
-            manifest_fds = []
-            for staged, temp in zip(wave, manifest_temps, strict=True):
-                staged.sidecar._record_partials(staged)
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                stack.callback(os.close, fd)
-                write_all(fd, staged.sidecar._manifest_bytes(staged))
-                manifest_fds.append(fd)
-            fsync_fds(manifest_fds)
-        for staged, temp in zip(wave, manifest_temps, strict=True):
-            staged.sidecar._promote()
-            os.replace(temp, staged.sidecar.paths.manifest)
-    finally:
-        for temp in manifest_temps:
-            temp.unlink(missing_ok=True)
-    fsync_dirs(_directories_to_sync(wave))
-
-
-def _directories_to_sync(wave: Iterable[_StagedObject]) -> Iterator[Path]:
-    for staged in wave:
-        root = staged.sidecar.paths.root
-        yield from (root, root.parent, root.parent.parent, root.parent.parent.parent)
