@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,6 @@ PARTS = ("epochs", "trainers", "storage")
 
 def run_phase(args: argparse.Namespace, epochs: int) -> dict:
     """Train ``epochs`` epochs on the prompt set; return the reports and what the cache holds."""
-    import torch
     from loguru import logger
 
     from models.demos.resynthesis import prompts as prompt_sets
@@ -193,30 +193,49 @@ def bench_trainers(args: argparse.Namespace, temp: Path) -> dict:
         "one alone": [trainer("alone", "alone")],
         "two at once, separate caches": [trainer("sep-a", "sep-a"), trainer("sep-b", "sep-b")],
         "two at once, one cache": [trainer("one-a", "shared"), trainer("one-b", "shared")],
+        "one alone, 2 threads": [trainer("alone2", "alone2", "--threads", "2")],
+        "two at once, 2 threads each, no spinning": [
+            trainer("passive-a", "passive-a", "--threads", "2"), trainer("passive-b", "passive-b", "--threads", "2")],
         # Before this change: 2 torch threads each and libgomp's default wait policy (an empty
         # OMP_WAIT_POLICY keeps the demo from choosing PASSIVE; libgomp warns and uses its default).
         "two at once, before (2 threads each, OpenMP default)": [
             trainer("old-a", "old-a", "--threads", "2", OMP_WAIT_POLICY=""),
             trainer("old-b", "old-b", "--threads", "2", OMP_WAIT_POLICY="")],
-        "two at once, 2 threads each, no spinning": [
-            trainer("passive-a", "passive-a", "--threads", "2"), trainer("passive-b", "passive-b", "--threads", "2")],
     }
+    runs: dict[str, list[dict]] = {label: [] for label in scenarios}
+    for round_index in range(args.rounds):  # interleaved, so a change of the machine's load hits every scenario
+        for label, commands in scenarios.items():
+            if label.startswith("two at once, before") and round_index >= args.before_rounds:
+                continue
+            for name in ("cache-alone", "alone", "alone2", "sep-a", "sep-b", "shared", "passive-a", "passive-b",
+                         "old-a", "old-b"):
+                shutil.rmtree(temp / name, ignore_errors=True)  # every round starts from empty caches
+            wall, results = _run_together(commands)
+            runs[label].append({
+                "wall_s": wall, "load_average": os.getloadavg()[0],
+                "prefill_s": [sum(e["prefill_seconds"] for e in r["epochs"]) for r in results],
+                "feature_s": [sum(e["feature_seconds"] for e in r["epochs"]) for r in results],
+                "process_s": [r["process_s"] for r in results],
+                "prefills": [sum(e["prefills"] for e in r["epochs"]) for r in results],
+                "waited": [sum(e["waited"] for e in r["epochs"]) for r in results],
+                "threads": [sorted({t for _, t in r["threads"]["history"]} - {0}) for r in results],
+            })
+            print(f"  round {round_index + 1}, {label}: {runs[label][-1]}", flush=True)
+    med = statistics.median
     measured = {}
-    for label, commands in scenarios.items():
-        wall, results = _run_together(commands)
+    for label, rounds in runs.items():
         measured[label] = {
-            "wall_s": wall,
-            "prefill_s": [sum(e["prefill_seconds"] for e in r["epochs"]) for r in results],
-            "feature_s": [sum(e["feature_seconds"] for e in r["epochs"]) for r in results],
-            "process_s": [r["process_s"] for r in results],
-            "prefills": [sum(e["prefills"] for e in r["epochs"]) for r in results],
-            "waited": [sum(e["waited"] for e in r["epochs"]) for r in results],
-            "threads": [sorted({t for _, t in r["threads"]["history"]} - {0}) for r in results],
+            "rounds": rounds,
+            "wall_s": med(r["wall_s"] for r in rounds),
+            "prefill_s": [med(r["prefill_s"][i] for r in rounds) for i in range(len(rounds[0]["prefill_s"]))],
+            "feature_s": [med(r["feature_s"][i] for r in rounds) for i in range(len(rounds[0]["feature_s"]))],
+            "process_s": [med(r["process_s"][i] for r in rounds) for i in range(len(rounds[0]["process_s"]))],
+            "prefills": rounds[-1]["prefills"], "waited": rounds[-1]["waited"], "threads": rounds[-1]["threads"],
         }
-        print(f"  {label}: {measured[label]}", flush=True)
     alone = measured["one alone"]
     print(f"\n## trainers: {args.trainer_prompts} text prompts of {args.trainer_min_tokens}-{args.trainer_max_tokens} "
-          f"tokens, 1 epoch each, real processes started together\n")
+          f"tokens, 1 epoch each, real processes started together; median of {args.rounds} interleaved rounds "
+          f"({args.before_rounds} for 'before')\n")
     print("| scenario | parent prefills (each) | prefill s per trainer | vs alone | features s per trainer | "
           "process s per trainer | wall s | threads used |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -318,6 +337,9 @@ def main() -> None:
     parser.add_argument("--trainer-min-tokens", type=int, default=64)
     parser.add_argument("--trainer-max-tokens", type=int, default=128)
     parser.add_argument("--storage-prompts", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the trainers part")
+    parser.add_argument("--before-rounds", type=int, default=1, help="of which with the old thread policy (slow)")
+    parser.add_argument("--out-name", default="bench_resynthesis", help="<out-dir>/<name>.json and PNGs")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weight-cache", type=Path, default=None)
@@ -343,7 +365,7 @@ def main() -> None:
             results[part] = {"epochs": bench_epochs, "trainers": bench_trainers, "storage": bench_storage}[part](
                 args, Path(temp))
     results["load_average_after"] = os.getloadavg()
-    write_results(args.out_dir, "bench_resynthesis", results, charts(results))
+    write_results(args.out_dir, args.out_name, results, charts(results))
 
 
 if __name__ == "__main__":
