@@ -282,18 +282,20 @@ def bench_storage(args: argparse.Namespace, temp: Path) -> dict:
         "bfloat16_cached_equals_uncached": losses["bfloat16"] == losses["bfloat16 uncached"]
         == losses["bfloat16 from disk"],
         "loss": {name: [r["epochs"][-1]["loss"]] for name, r in runs.items()},
-        "float32_minus_bfloat16_final_loss": runs["float32"]["epochs"][-1]["loss"] - runs["bfloat16"]["epochs"][-1]["loss"],
+        "float32_minus_bfloat16_final_loss": (runs["float32"]["epochs"][-1]["loss"]
+                                              - runs["bfloat16"]["epochs"][-1]["loss"]),
     }
-    print(f"\n## storage: {args.storage_prompts} text prompts of {args.min_tokens}-{args.max_tokens} tokens, 2 epochs\n")
+    print(f"\n## storage: {args.storage_prompts} text prompts of {args.min_tokens}-{args.max_tokens} tokens, "
+          "2 epochs\n")
     print("| features | bytes per sample | of which features | final loss |")
     print("| --- | --- | --- | --- |")
     for name in ("float32", "bfloat16"):
         s = runs[name]["storage"]
         print(f"| {name} | {s['bytes_per_sample']:,.0f} | {s['feature_bytes_per_sample']:,.0f} | "
               f"{runs[name]['epochs'][-1]['loss']:.6f} |")
-    print(f"\nbfloat16 / float32 bytes per sample: {summary['bfloat16_over_float32']:.3f}; bfloat16 loss with the cache "
-          f"(computed + stored, from memory, from disk in a fresh process) bit-identical to the uncached bfloat16 run: "
-          f"{summary['bfloat16_cached_equals_uncached']}")
+    print(f"\nbfloat16 / float32 bytes per sample: {summary['bfloat16_over_float32']:.3f}; bfloat16 loss with the "
+          "cache (computed + stored, from memory, from disk in a fresh process) bit-identical to the uncached "
+          f"bfloat16 run: {summary['bfloat16_cached_equals_uncached']}")
     return {"summary": summary, "runs": runs}
 
 
@@ -304,21 +306,24 @@ def charts(results: dict) -> dict[str, dict]:
     found = {}
     if "epochs" in results:
         s = results["epochs"]["summary"]
+        phases = {"epoch 1 (computed + stored)": "epoch1", "epoch 2 (from memory)": "memory",
+                  "fresh process (from disk)": "disk"}
         found[""] = dict(groups={
-            "epoch 1 (computed + stored)": {"step": s["epoch1"]["step_s"], "parent features": s["epoch1"]["feature_step_s"]},
-            "epoch 2 (from memory)": {"step": s["memory"]["step_s"], "parent features": s["memory"]["feature_step_s"]},
-            "fresh process (from disk)": {"step": s["disk"]["step_s"], "parent features": s["disk"]["feature_step_s"]}},
+            label: {"step": s[key]["step_s"], "parent features": s[key]["feature_step_s"]}
+            for label, key in phases.items()},
             title=f"Resynthesis on Gemma 3 270M: {s['prompts']} prompts, {s['min_tokens']}-{s['max_tokens']} tokens",
             ylabel="seconds per training step (median, log)", log=True)
     if "trainers" in results:
         found["trainers"] = dict(groups={
-            label.replace(", ", ",\n"): {"parent features s per trainer (max)": max(m["feature_s"]), "wall s": m["wall_s"]}
+            label.replace(", ", ",\n"): {"parent features s per trainer (max)": max(m["feature_s"]),
+                                          "wall s": m["wall_s"]}
             for label, m in results["trainers"].items()},
             title="Two trainers at once vs one alone (real processes, Gemma 3 270M)", ylabel="seconds", log=True)
     if "storage" in results:
         s = results["storage"]["summary"]
         found["storage"] = dict(groups={
-            dtype: {"bytes per sample": s["bytes_per_sample"][dtype], "of which features": s["feature_bytes_per_sample"][dtype]}
+            dtype: {"bytes per sample": s["bytes_per_sample"][dtype],
+                    "of which features": s["feature_bytes_per_sample"][dtype]}
             for dtype in ("float32", "bfloat16")},
             title="Prefill cache: bytes per sample (Gemma 3 270M)", ylabel="bytes")
     return found

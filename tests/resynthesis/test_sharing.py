@@ -166,7 +166,8 @@ def test_cpus_busy_with_other_work_are_not_taken(tmp_path):
     from models.resynthesis.threads import ForeignLoad
 
     cpu = min(affinity_cpus())
-    burner = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    burner = subprocess.Popen([sys.executable, "-c", spin])
     try:
         time.sleep(0.5)
         load = ForeignLoad(frozenset({cpu}), interval_s=0.0)
