@@ -293,7 +293,9 @@ def test_batch_failure_before_renames_leaves_plain_misses(tmp_path, monkeypatch)
     def fail(fds, **kwargs):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(sidecar_module, "fsync_fds", fail)
+    from models.common.prefill_cache import publish
+
+    monkeypatch.setattr(publish, "fsync_fds", fail)  # the wave's flush of its artifacts
     with pytest.raises(OSError, match="disk on fire"):
         FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(rows))
     monkeypatch.undo()

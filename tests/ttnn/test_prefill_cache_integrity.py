@@ -381,6 +381,7 @@ def test_gc_removes_objects_unused_for_n_days(tmp_path):
     old = rows[0][0].paths.manifest
     stale = time.time() - 10 * 86_400
     os.utime(old, (stale, stale))
+    os.utime(old.parent, (stale, stale))  # its last use (a lookup touches the object directory)
     assert maintenance.gc(tmp_path, older_than_days=30).removed_objects == 0
     result = maintenance.gc(tmp_path, older_than_days=7)
     assert result.removed_objects == 1 and result.removed_files == 4

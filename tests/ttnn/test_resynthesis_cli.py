@@ -40,7 +40,7 @@ def test_ls_lists_objects_bytes_schemas_and_debris(cache, capsys):
     code, out, _ = _run(capsys, "prefill", "ls", str(cache), "--json")
     report = json.loads(out)
     assert code == 0 and report["objects"] == 3 and report["states"] == {"complete": 3, "debris": 1}
-    assert report["debrisBytes"] == 10 and report["legacy"] == 0
+    assert report["debris_bytes"] == 10 and report["legacy"] == 0
     assert report["schemas"] == {"nnf.resynthesis.frozen_backbone_prefill_sidecar.v2": 3}
     files = [p for p in cache.rglob("*") if p.is_file()]
     assert report["bytes"] == sum(p.stat().st_size for p in files)
@@ -69,10 +69,11 @@ def test_gc_removes_debris_and_old_objects(cache, capsys):
     old, _ = row(cache, 0)
     stale = time.time() - 40 * 86_400
     os.utime(old.paths.manifest, (stale, stale))
+    os.utime(old.paths.root, (stale, stale))  # its last use (a lookup touches the object directory)
     code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--json")
-    assert code == 0 and json.loads(out)["removedFiles"] == 1 and json.loads(out)["removedObjects"] == 0
+    assert code == 0 and json.loads(out)["removed_files"] == 1 and json.loads(out)["removed_objects"] == 0
     code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--older-than-days", "30", "--json")
-    assert code == 0 and json.loads(out)["removedObjects"] == 1
+    assert code == 0 and json.loads(out)["removed_objects"] == 1
     assert old.lookup_boundary() is None and row(cache, 1)[0].lookup_boundary() is not None
 
 
