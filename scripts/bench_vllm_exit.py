@@ -134,7 +134,6 @@ def main() -> int:
     if args.child:
         child(args.child[0], int(args.child[1]))
         return 0
-    sys.path.insert(0, str(REPO_ROOT))
     from _bench_output import bar_chart, write_json
 
     with tempfile.TemporaryDirectory(prefix="bench-vllm-exit-") as scratch:

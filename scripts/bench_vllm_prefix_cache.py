@@ -62,7 +62,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.prefix_tokens < 64 or args.rounds < 1:
         parser.error("--prefix-tokens must be >= 64 and --rounds >= 1")
-    sys.path.insert(0, str(REPO_ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     model = args.model

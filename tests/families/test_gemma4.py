@@ -22,7 +22,7 @@ from models.common.weight_cache.tensor_cache import host_shards
 from models.common.weight_cache import read_marker
 from models.gemma import Gemma4Loader
 from models.gemma.gemma4_reference import Gemma4Reference
-from models.testing.tiny_gemma4 import CLIP_BOUNDS, TINY_TEXT, TINY_VISION, VARIANTS, VISION_LINEARS, make_multimodal_checkpoint, make_text_checkpoint
+from models.testing.tiny_gemma4 import CLIP_BOUNDS, VARIANTS, VISION_LINEARS, make_multimodal_checkpoint, make_text_checkpoint
 from models.testing.tiny_models import hf_greedy, hf_logits, pcc, tensors_of
 
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]

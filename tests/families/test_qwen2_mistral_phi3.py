@@ -2,7 +2,7 @@
 """Qwen2, Mistral and Phi-3 loaders end to end: real tiny checkpoints from transformers' own
 config classes, real tensorbins on the mock cluster.
 
-The layout proof is the one of :mod:`tests.ttnn.test_loaders`: the tensor-parallel host forward of
+The layout proof is the one of :mod:`tests.families.test_loaders`: the tensor-parallel host forward of
 :class:`~models.common.reference.ReferenceDecoder` reads every weight back from the cached ttnn
 tensors and must reproduce transformers' logits and greedy tokens. Each family's difference is
 also shown to matter (drop the bias, the window or the long factors, and the logits no longer
@@ -140,7 +140,7 @@ def test_warm_build_reads_no_checkpoint_file(name, checkpoints, reference_logits
 @pytest.mark.parametrize("name", ["qwen2", "phi3"])
 def test_warm_start_process_imports_nothing_heavy(name, checkpoints, cache_root):
     """The bias fusion and the fused-weight splits stay cheap on placeholders: a warm start pays
-    only for torch + ttnn (the probe of :mod:`tests.ttnn.test_loaders`, by ``model_type``)."""
+    only for torch + ttnn (the probe of :mod:`tests.families.test_loaders`, by ``model_type``)."""
     load(name, checkpoints, precision="bfloat8_b")
     out = subprocess.run([sys.executable, "-c", WARM_START_PROBE, family_of(read_config(checkpoints[name])),
                           str(checkpoints[name])], env=dict(os.environ), capture_output=True, text=True)

@@ -14,7 +14,7 @@ import pytest
 from models.common.prefill_cache import FrozenBackboneFeatureSidecar
 from models.common.prefill_cache.claims import ProducerClaim
 from models.common.prefill_cache.maintenance import gc, list_objects
-from tests.ttnn.helpers.prefill_factories import row, same_bytes
+from models.testing.prefill_factories import row, same_bytes
 
 
 def _holder(object_root, *, store=None, hold_s: float = 60.0) -> tuple[int, int]:

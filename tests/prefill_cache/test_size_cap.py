@@ -28,7 +28,7 @@ from models.common.prefill_cache.maintenance import (
 )
 from models.common.prefill_cache.usage import USES
 from models.resynthesis.cli import main as tt_cache
-from tests.ttnn.helpers.prefill_factories import row, same_bytes
+from models.testing.prefill_factories import row, same_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = 8

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Fixtures of the resynthesis tests: one tiny world per session (see ``world``)."""
+"""Fixtures of the resynthesis tests: one tiny world per session (see :mod:`models.testing.resynthesis_world`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.resynthesis.world import World, make_tokenizer
-from tests.ttnn.tiny_models import make_checkpoint
+from models.testing.resynthesis_world import World, make_tokenizer
+from models.testing.tiny_models import make_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ uncached run at the same dtype."""
 from __future__ import annotations
 
 from models.common.prefill_cache.maintenance import summarize
-from tests.resynthesis.world import World, losses, report
+from models.testing.resynthesis_world import World, losses, report
 
 ARGS = ("--prompts", "8", "--min-tokens", "4", "--max-tokens", "12", "--epochs", "2", "--batch-size", "2")
 CAP = 12 * 1024  # about 4 tiny objects (2,875 bytes each)

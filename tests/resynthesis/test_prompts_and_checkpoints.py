@@ -13,7 +13,7 @@ import sys
 import torch
 
 from models.resynthesis.waves import prompt_set_sha256
-from tests.resynthesis.world import World, losses, report
+from models.testing.resynthesis_world import World, losses, report
 
 SMALL = ("--min-tokens", "4", "--max-tokens", "12", "--batch-size", "2")
 

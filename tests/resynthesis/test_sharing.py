@@ -24,7 +24,7 @@ import pytest
 from models.common.fileio import lock_held_elsewhere
 from models.common.prefill_cache.layout import PRODUCER_LOCK_NAME, object_dirs
 from models.resynthesis.threads import MEMBER_SUFFIX, WAITING, affinity_cpus
-from tests.resynthesis.world import World, losses, report
+from models.testing.resynthesis_world import World, losses, report
 
 CPUS = len(affinity_cpus())
 

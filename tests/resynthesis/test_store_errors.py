@@ -14,7 +14,7 @@ import pytest
 
 from models.common.prefill_cache.layout import object_dirs
 from models.resynthesis.cli import main as tt_cache
-from tests.resynthesis.world import (
+from models.testing.resynthesis_world import (
     ext4,
     losses,
     no_traceback,

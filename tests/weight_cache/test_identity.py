@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from models.common.checkpoint import CheckpointError, checkpoint_files

@@ -5,7 +5,6 @@ build lock is another user's read-only file still caches; warm starts from a rea
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from models.common.checkpoint import CheckpointError
-from models.common.weight_cache import mark_weight_cache_complete, read_marker
+from models.common.weight_cache import read_marker
 from models.common.weight_cache.layout import VariantPaths, is_generation_name
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader

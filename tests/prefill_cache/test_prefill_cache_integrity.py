@@ -38,7 +38,7 @@ from models.common.prefill_cache import (
     maintenance,
 )
 from models.common.prefill_cache.sidecar import _clear_validation_proofs
-from tests.ttnn.helpers.prefill_factories import row, same_bytes
+from models.testing.prefill_factories import row, same_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 

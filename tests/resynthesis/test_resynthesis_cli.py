@@ -15,7 +15,7 @@ import pytest
 
 from models.common.prefill_cache import FrozenBackboneFeatureSidecar
 from models.resynthesis.cli import main
-from tests.ttnn.helpers.prefill_factories import row
+from models.testing.prefill_factories import row
 
 REPO = Path(__file__).resolve().parents[2]
 

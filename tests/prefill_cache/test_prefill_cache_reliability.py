@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.common.prefill_cache import FrozenBackboneCacheError, FrozenBackboneFeatureSidecar
-from tests.ttnn.helpers.prefill_factories import row, same_bytes
+from models.testing.prefill_factories import row, same_bytes
 
 ARTIFACT_CHILD_TIMEOUT_S = 120.0
 

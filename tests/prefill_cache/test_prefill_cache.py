@@ -31,7 +31,7 @@ from models.common.prefill_cache import (
     frozen_backbone_position_policy_sha256_boundary,
     frozen_backbone_prompt_mask_sha256_boundary,
 )
-from tests.ttnn.helpers.prefill_factories import authority, hex_of, packet, row, same_bytes
+from models.testing.prefill_factories import authority, hex_of, packet, row, same_bytes
 
 # ---------------------------------------------------------------------------------------------
 # Identity
