@@ -63,6 +63,25 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     # -- tools --------------------------------------------------------------------------------
     "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1: tt-cache prints the traceback of an internal error"),
     "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
+    # -- the prefill cache and resynthesis -------------------------------------------------------
+    "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
+        _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),
+    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE": EnvVar(
+        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE", ""), "the in-memory prefill LRU: on/off/auto (the seed's name)"),
+    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES": EnvVar(
+        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES", ""), "entries of the in-memory prefill LRU (the seed's name)"),
+    "TT_CPU_SHARE_DIR": EnvVar(
+        _text("TT_CPU_SHARE_DIR", ""), "where trainers on one host register to share the CPUs (default: a per-user dir)"),
+    "OMP_NUM_THREADS": EnvVar(_text("OMP_NUM_THREADS", ""), "OpenMP's thread count: host forwards use at most this many"),
+    # -- vLLM ------------------------------------------------------------------------------------
+    "TT_VLLM_HOST_PLATFORM": EnvVar(_text("TT_VLLM_HOST_PLATFORM", "1"), "0: leave the platform choice to vLLM"),
+    "TT_VLLM_FORWARD_SIGNALS": EnvVar(
+        _text("TT_VLLM_FORWARD_SIGNALS", "1"), "0: do not forward the engine core's SIGTERM to its main thread"),
+    "TT_VLLM_FREEZE_AT_EXIT": EnvVar(_text("TT_VLLM_FREEZE_AT_EXIT", "1"), "0: do not freeze the heap at exit"),
+    "TT_HOST_THREADS": EnvVar(_text("TT_HOST_THREADS", "1"), "torch threads of the vLLM worker's host forward"),
+    "MESH_DEVICE": EnvVar(_text("MESH_DEVICE", ""), "tt-metal's mesh name (N150, N300, T3K, TG, ...) a vLLM model is laid out for"),
+    "HF_MODEL": EnvVar(_text("HF_MODEL", ""), "tt-metal's checkpoint override; honoured by vLLM only for the model it was asked for"),
+    "MODEL_WEIGHTS_DIR": EnvVar(_text("MODEL_WEIGHTS_DIR", ""), "like HF_MODEL"),
     # -- the host (no card) ---------------------------------------------------------------------
     "TT_METAL_MOCK_CLUSTER_DESC_PATH": EnvVar(
         _text("TT_METAL_MOCK_CLUSTER_DESC_PATH"), "ttnn's mock cluster descriptor (set by the project when no card is present)"),

@@ -45,6 +45,7 @@ from typing import Final
 
 from loguru import logger
 
+from models.common import envs
 from models.common.fileio import file_lock, try_flock
 
 SHARE_DIR_ENV: Final = "TT_CPU_SHARE_DIR"
@@ -78,7 +79,7 @@ def omp_threads(environ: dict[str, str] | None = None) -> int | None:
 
 
 def default_share_dir() -> Path:
-    configured = os.environ.get(SHARE_DIR_ENV, "").strip()
+    configured = envs.TT_CPU_SHARE_DIR.strip()
     if configured:
         return Path(configured)
     return Path(tempfile.gettempdir()) / f"tt-warm-loaders-{os.getuid()}" / "cpu-share"

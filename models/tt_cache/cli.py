@@ -8,7 +8,7 @@
     tt-cache seed --plan PLAN [--check] seed (or only check) every model x mesh x precision of a plan
     tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run)
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
-    tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.resynthesis.cli)
+    tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
 Every command takes --json (one JSON document on stdout). ls, check, verify, gc and clean import
@@ -104,11 +104,40 @@ def cmd_ls(args: argparse.Namespace) -> int:
     lines += [f"  {r['marker']}: {r['reason']}" for r in rows if r["state"] != "warm"]
     if leftovers:
         lines.append("  leftover builds are removed by the next build of their variant, by gc and by clean")
+    prefill = _prefill_summary(root)
+    if prefill is not None:
+        per_sample = format_size(prefill.bytes_per_sample) if prefill.bytes_per_sample else "-"
+        cap = f", cap {format_size(prefill.max_bytes)}{' (over)' if prefill.over_cap else ''}" if prefill.max_bytes else ""
+        lines.append(f"prefill cache {prefill.root}: {prefill.objects} object(s), {format_size(prefill.bytes)}, "
+                     f"{per_sample} per sample{cap} (tt-cache prefill ls for more)")
+        total += prefill.bytes
     lines.append(f"\nDone in {time.perf_counter() - start:.2f}s. Scanned {len(rows)} variant(s) in "
                  f"{len({r['cache_dir'] for r in rows})} cache dir(s) under {root}, {format_size(total)} in total.")
-    emit(args, {"root": str(root), "size_bytes": total, "variants": rows, "leftovers": leftovers},
-         lines if rows or leftovers else [f"no weight caches under {root}"])
+    emit(args, {"root": str(root), "size_bytes": total, "variants": rows, "leftovers": leftovers,
+                "prefill": prefill.to_json() if prefill is not None else None},
+         lines if rows or leftovers or prefill is not None else [f"no weight caches under {root}"])
     return EXIT_OK
+
+
+def _prefill_dir(root: Path) -> Path | None:
+    from models.common.weight_cache.layout import CacheRoot
+
+    directory = CacheRoot(root).prefill_dir
+    return directory if directory.is_dir() else None
+
+
+def _prefill_summary(root: Path) -> Any:
+    """The prefill cache beside the weight caches (``<root>/prefill``), summarized, or None."""
+    from models.common.prefill_cache.layout import FrozenBackboneCacheError
+    from models.common.prefill_cache.maintenance import summarize
+
+    directory = _prefill_dir(root)
+    if directory is None:
+        return None
+    try:
+        return summarize(directory)
+    except (FrozenBackboneCacheError, ValueError) as error:
+        raise CliError(f"{directory}: {error}") from None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -157,6 +186,23 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.errors else EXIT_OK
 
 
+def _prefill_gc(root: Path, args: argparse.Namespace, older_than: float | None) -> Any:
+    """gc of the prefill cache beside the weight caches: debris, objects unused ``--older-than``,
+    then LRU beyond ``--prefill-max-size`` (default: its ``TT_PREFILL_CACHE_MAX_SIZE`` cap)."""
+    from models.common.prefill_cache.layout import FrozenBackboneCacheError
+    from models.common.prefill_cache.maintenance import gc, max_bytes_from_env, parse_size
+
+    directory = _prefill_dir(root)
+    if directory is None:
+        return None
+    try:
+        cap = parse_size(args.prefill_max_size) if args.prefill_max_size else max_bytes_from_env()
+        return gc(directory, older_than_days=None if older_than is None else older_than / 86400, max_bytes=cap,
+                  dry_run=args.dry_run)
+    except (FrozenBackboneCacheError, ValueError) as error:
+        raise CliError(f"{directory}: {error}") from None
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from models.tt_cache.gc import collect_garbage, plan_eviction
     from models.tt_cache.humanize import format_size, parse_duration, parse_size
@@ -167,10 +213,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
         older_than = parse_duration(args.older_than) if args.older_than else None
     except ValueError as error:
         raise CliError(str(error)) from None
-    if max_size is None and older_than is None:
-        raise CliError("gc needs --max-size and/or --older-than")
+    if max_size is None and older_than is None and not args.prefill_max_size:
+        raise CliError("gc needs --max-size, --older-than and/or --prefill-max-size")
     plan = plan_eviction(root, max_size=max_size, older_than=older_than)
     result = plan if args.dry_run else collect_garbage(plan)
+    prefill = _prefill_gc(root, args, older_than)
     verb = "would evict" if args.dry_run else "evicted"
     lines = [f"{verb} {e.model} {e.precision} mesh {e.mesh} ({format_size(e.size_bytes)}, {e.why}): {e.marker_file}"
              for e in result.evicted]
@@ -181,7 +228,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     lines += [f"cannot evict {path}: {error}" for path, error in result.errors]
     lines.append(f"{verb} {len(result.evicted)} variant(s), {'would free' if args.dry_run else 'freed'} "
                  f"{format_size(result.freed_bytes)}; {format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
-    emit(args, {**result.as_json(), "dry_run": args.dry_run}, lines)
+    if prefill is not None:
+        lines.append(f"prefill cache: {verb} {prefill.removed_objects} object(s) and {prefill.removed_files} file(s) of "
+                     f"debris, {format_size(prefill.removed_bytes)}; {format_size(prefill.bytes_after)} kept")
+    emit(args, {**result.as_json(), "dry_run": args.dry_run,
+                "prefill": prefill.to_json() if prefill is not None else None}, lines)
     return EXIT_FAILED if result.errors else EXIT_OK
 
 
@@ -261,14 +312,14 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:
-    from models.resynthesis.cli import main as prefill_main
+    from models.tt_cache.prefill import main as prefill_main
 
     return prefill_main(["prefill", *args.rest])
 
 
 def _add_extension_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands other packages contribute. ``prefill`` is handed to :mod:`models.resynthesis.cli`
-    whole (its own options, help and exit codes), imported only when used: ``ls`` stays fast."""
+    """``prefill`` is handed to :mod:`models.tt_cache.prefill` whole (its own options, help and
+    exit codes), imported only when used: ``ls`` stays fast."""
     prefill = sub.add_parser("prefill", add_help=False, help="the frozen-backbone prefill cache: ls, verify, gc "
                              "(tt-cache prefill --help)")
     prefill.add_argument("rest", nargs=argparse.REMAINDER)
@@ -316,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-size", help="evict until the variants fit, e.g. 500G")
     gc.add_argument("--older-than", help="evict variants unused for longer, e.g. 30d")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
+    gc.add_argument("--prefill-max-size", metavar="SIZE",
+                    help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
 
     clean = _add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
     clean.add_argument("cache_dir", metavar="DIR")

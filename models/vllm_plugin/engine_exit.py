@@ -37,6 +37,8 @@ from typing import Any
 
 from loguru import logger
 
+from models.common import envs
+
 FORWARD_ENV = "TT_VLLM_FORWARD_SIGNALS"
 FREEZE_ENV = "TT_VLLM_FREEZE_AT_EXIT"
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -88,7 +90,7 @@ class SignalForwarder:
 
 def install_signal_forwarding() -> SignalForwarder | None:
     """Install in vLLM's engine-core process, from its main thread; None where there is nothing to fix."""
-    if os.environ.get(FORWARD_ENV, "1") == "0" or threading.current_thread() is not threading.main_thread():
+    if envs.TT_VLLM_FORWARD_SIGNALS == "0" or threading.current_thread() is not threading.main_thread():
         return None
     handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
     if not all(callable(h) and getattr(h, "__module__", "") == ENGINE_CORE_MODULE for h in handlers.values()):
@@ -117,7 +119,7 @@ def freeze_heap_at_exit() -> bool:
     either order with vLLM's own (which shuts the engines down); freezing only makes the cycle
     scans that follow skip the heap."""
     global _freeze_registered
-    if _freeze_registered or os.environ.get(FREEZE_ENV, "1") == "0":
+    if _freeze_registered or envs.TT_VLLM_FREEZE_AT_EXIT == "0":
         return _freeze_registered
     atexit.register(freeze_heap)
     _freeze_registered = True

@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from models.common import envs
 from models.common.checkpoint import resolve_checkpoint_dir
 from models.common.mesh import MeshShape, parse_mesh_shape
 
@@ -92,7 +93,7 @@ def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
     if mesh_device is not None:
         rows, cols = tuple(mesh_device.shape)
         return int(rows), int(cols)
-    value = os.environ.get(MESH_ENV, "").strip()
+    value = envs.MESH_DEVICE.strip()
     if not value:
         return (1, 1)
     if value.upper() in MESH_ALIASES:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from models.common import envs
 from models.vllm_plugin.engine_exit import install_signal_forwarding
 from models.vllm_plugin.model_runner import TTHostModelRunner
 
@@ -30,7 +30,7 @@ class TTHostWorker(WorkerBase):
         self.signal_forwarder = install_signal_forwarding()
         # One thread unless told otherwise: on a shared host, torch's OpenMP threads spin against
         # each other and small decode steps get many times slower.
-        torch.set_num_threads(max(1, int(os.environ.get(THREADS_ENV, "1"))))
+        torch.set_num_threads(max(1, int(envs.TT_HOST_THREADS)))
         if self.model_config.seed is not None:
             torch.manual_seed(self.model_config.seed)
         self.model_runner = TTHostModelRunner(self.vllm_config)

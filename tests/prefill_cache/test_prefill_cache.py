@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from models.common.weight_cache.stamps import FINE_TICK_NS, FileStamp
 from models.common import prefill_cache as pc
 from models.common.prefill_cache import layout, sidecar as sidecar_module
 from models.common.fileio import atomic_write_bytes
@@ -343,8 +344,7 @@ def hash_calls(monkeypatch):
     return calls
 
 
-def test_proof_is_reused_while_stamps_hold_and_dropped_when_a_file_changes(tmp_path, monkeypatch, hash_calls):
-    monkeypatch.setattr(sidecar_module, "_RACY_WINDOW_NS", 0)
+def test_proof_is_reused_while_stamps_hold_and_dropped_when_a_file_changes(tmp_path, hash_calls):
     sidecar, features = row(tmp_path, 1)
     sidecar.store_boundary(features)
     time.sleep(0.05)  # step past the coarse file-system clock tick of the writes
@@ -362,27 +362,30 @@ def test_proof_is_reused_while_stamps_hold_and_dropped_when_a_file_changes(tmp_p
         sidecar.lookup_boundary()
 
 
-def test_no_proof_is_kept_for_files_changed_within_the_racy_window(tmp_path, hash_calls):
-    sidecar, features = row(tmp_path, 1)
-    sidecar.store_boundary(features)
-    sidecar.lookup_boundary()
-    sidecar.lookup_boundary()
-    assert len(hash_calls) == 6
+def test_no_proof_is_kept_for_files_changed_within_a_clock_tick():
+    changed = 10**18
+    stamp = FileStamp(1, 3, changed, changed)
+    small = sidecar_module._Small(torch.zeros(4), torch.ones(1, dtype=torch.long))
+    proofs = sidecar_module._ProofCache(capacity=8, byte_budget=1 << 20)
+    proofs.remember(("m", "a"), (stamp,), small, started_ns=changed + FINE_TICK_NS - 1, tick_ns=FINE_TICK_NS)
+    assert proofs.holds(("m", "a"), (stamp,)) is None  # a rewrite in that tick would keep the stamp
+    proofs.remember(("m", "a"), (stamp,), small, started_ns=changed + FINE_TICK_NS, tick_ns=FINE_TICK_NS)
+    assert proofs.holds(("m", "a"), (stamp,)) is small
 
 
 def test_proof_cache_is_bounded_by_entries_and_bytes():
-    stamp = sidecar_module._Stamp(1, 2, 0o100644, 3, 0, 0)
+    stamp = FileStamp(2, 3, 0, 0)
     small = sidecar_module._Small(torch.zeros(256, dtype=torch.float32), torch.ones(1, dtype=torch.long))  # 1032 B
     proofs = sidecar_module._ProofCache(capacity=3, byte_budget=2 * small.nbytes)
     for index in range(3):
-        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
+        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19, tick_ns=FINE_TICK_NS)
     assert proofs.holds(("m0", "a"), (stamp,)) is None  # evicted by the byte budget
     assert proofs.holds(("m2", "a"), (stamp,)) is small
     assert proofs.holds(("m2", "a"), (stamp._replace(ctime_ns=1),)) is None  # changed: dropped
     assert proofs.holds(("m2", "a"), (stamp,)) is None
     proofs = sidecar_module._ProofCache(capacity=2, byte_budget=1 << 30)
     for index in range(3):
-        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19)
+        proofs.remember((f"m{index}", "a"), (stamp,), small, started_ns=10**19, tick_ns=FINE_TICK_NS)
     assert [proofs.holds((f"m{i}", "a"), (stamp,)) is not None for i in range(3)] == [False, True, True]
 
 

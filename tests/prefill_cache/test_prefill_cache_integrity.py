@@ -203,10 +203,7 @@ def test_objects_dir_or_shard_that_is_a_file(tmp_path):
         sidecar.lookup_boundary()
 
 
-def test_artifact_replaced_by_a_directory_or_vanishing_after_proof(tmp_path, monkeypatch):
-    from models.common.prefill_cache import sidecar as sidecar_module
-
-    monkeypatch.setattr(sidecar_module, "_RACY_WINDOW_NS", 0)
+def test_artifact_replaced_by_a_directory_or_vanishing_after_proof(tmp_path):
     sidecar, features = row(tmp_path, 1)
     sidecar.store_boundary(features)
     time.sleep(0.05)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from models.common.prefill_cache.layout import object_dirs
-from models.resynthesis.cli import main as tt_cache
+from models.tt_cache.prefill import main as tt_cache
 from models.testing.resynthesis_world import (
     ext4,
     losses,

@@ -29,8 +29,9 @@ torch through this package.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from models.common.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "layout": (
@@ -54,21 +55,7 @@ _EXPORTS = {
         "base_forward_cache_key_boundary",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # static analysers see the eager imports

@@ -17,8 +17,9 @@ Read protocol: every manifest field, every artifact record and every artifact's 
 checked before the files are memory-mapped; anything off - including any ``OSError`` on the way
 (an unreadable file, a cache root that is a regular file) - raises
 :class:`FrozenBackboneCacheError`. The proof is kept in a bounded in-process LRU and reused while
-the kernel stamps of all four files (dev, inode, mode, size, mtime_ns, ctime_ns) are unchanged -
-but only for files last changed more than ``_RACY_WINDOW_NS`` before the proof, because coarse
+the stamps of all four files (:class:`~models.common.weight_cache.stamps.FileStamp`: inode, size,
+mtime, ctime) are unchanged - but only for files last changed a whole clock tick before the proof
+(the one racy-clock rule of :mod:`models.common.weight_cache.stamps`), because coarse
 file-system clocks can hide a same-size rewrite made within one tick (git's "racy clean" rule).
 Changed stamps (a copy, a restore, a remount) only mean "hash again", never "corrupt".
 
@@ -81,10 +82,10 @@ from models.common.prefill_cache.legacy import LEGACY_INDEX
 from models.common.prefill_cache.packet import FrozenBackbonePrefillPacket
 from models.common.prefill_cache.publish import StagedObject, open_partials, publish_wave
 from models.common.prefill_cache.usage import USES
+from models.common.weight_cache.stamps import FileStamp, timestamp_tick_ns
 
 _PROOF_CACHE_ENTRIES: Final = 8_192
 _PROOF_CACHE_BYTES: Final = 64 << 20
-_RACY_WINDOW_NS: Final = 2_000_000_000
 
 
 @contextlib.contextmanager
@@ -103,33 +104,20 @@ def _cache_errors(what: str) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Stamp(NamedTuple):
-    """What the kernel says about a file, without reading it."""
-
-    device: int
-    inode: int
-    mode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-
-def _stamp(path: Path | str) -> _Stamp | None:
-    """The file's stamp, None when absent or not a regular file; other OSErrors propagate
-    (a parent that is a regular file, an unreadable directory)."""
+def _stamp(path: Path | str) -> FileStamp | None:
+    """The file's stamp (:mod:`models.common.weight_cache.stamps`, the one stamp of every cache),
+    None when absent or not a regular file; other OSErrors propagate (a parent that is a regular
+    file, an unreadable directory)."""
     try:
         observed = os.stat(path)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(observed.st_mode):
         return None
-    return tuple.__new__(_Stamp, (  # the fast path of NamedTuple construction: lookups are hot
-        observed.st_dev, observed.st_ino, observed.st_mode,
-        observed.st_size, observed.st_mtime_ns, observed.st_ctime_ns,
-    ))
+    return FileStamp.of(observed)
 
 
-def _object_stamps(paths: _ObjectPaths) -> tuple[_Stamp | None, ...]:
+def _object_stamps(paths: _ObjectPaths) -> tuple[FileStamp | None, ...]:
     """Stamps of the manifest and the three artifacts (None where not a regular file)."""
     return tuple(map(_stamp, paths.stamped_names))
 
@@ -158,10 +146,10 @@ class _ProofCache:
         self.capacity = capacity
         self.byte_budget = byte_budget
         self._lock = threading.Lock()
-        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[_Stamp | None, ...], _Small]] = OrderedDict()
+        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[FileStamp | None, ...], _Small]] = OrderedDict()
         self._bytes = 0
 
-    def holds(self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...]) -> _Small | None:
+    def holds(self, key: tuple[str, str], stamps: tuple[FileStamp | None, ...]) -> _Small | None:
         """The small artifacts if ``key`` is proven for exactly these stamps, else None."""
         with self._lock:
             proof = self._proofs.get(key)
@@ -174,11 +162,11 @@ class _ProofCache:
             return proof[1]
 
     def remember(
-        self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...], small: _Small, started_ns: int
+        self, key: tuple[str, str], stamps: tuple[FileStamp | None, ...], small: _Small, started_ns: int, tick_ns: int
     ) -> None:
-        """Keep a proof unless a file changed so recently that its stamp may not show a rewrite."""
-        newest_change = max(max(s.mtime_ns, s.ctime_ns) for s in stamps if s is not None)
-        if newest_change > started_ns - _RACY_WINDOW_NS:
+        """Keep a proof unless a file changed so recently that its stamp may not show a rewrite
+        (the racy-clock rule of :meth:`FileStamp.settled`)."""
+        if not all(s.settled(started_ns, tick_ns) for s in stamps if s is not None):
             return
         with self._lock:
             if key in self._proofs:
@@ -324,7 +312,7 @@ class FrozenBackboneFeatureSidecar:
         )
 
     def _validate_and_map(
-        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[_Stamp | None, ...]
+        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[FileStamp | None, ...]
     ) -> FrozenBackbonePrefillPacket:
         """Check everything, map, and check that nothing changed meanwhile; remember the proof."""
         started_ns = time.time_ns()
@@ -341,7 +329,7 @@ class FrozenBackboneFeatureSidecar:
         expect(int(packet.input_positions_t[0]) > 0, paths.root, "input position is not positive")
         expect(_object_stamps(paths) == before, paths.root, "files changed while they were being validated")
         small = _Small(packet.final_hidden_t.clone(), packet.input_positions_t.clone())
-        _PROOFS.remember(key, before, small, started_ns)
+        _PROOFS.remember(key, before, small, started_ns, timestamp_tick_ns(paths.manifest))
         return packet
 
     # -- progress -------------------------------------------------------------------------

@@ -27,8 +27,9 @@ calls ``cache_dir``, one variant's directory.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from models.common.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "layout": (
@@ -47,30 +48,13 @@ _EXPORTS = {
     "build": ("BuildTransaction", "mark_weight_cache_complete", "invalidate_weight_cache"),
     "usage": ("touch_last_used", "last_used"),
     "host_sidecar": ("load_host_sidecar", "write_host_sidecar"),
+    "models.common.checkpoint": ("checkpoint_name",),  # the seed kept it here; it is the checkpoint module's
     "placeholders": (
         "CachedStateDict", "MissingWeightError", "build_cached_state_dict", "placeholder", "is_placeholder_tensor",
         "concat", "stack", "fp32_elementwise",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted([*_MODULE_OF, "checkpoint_name"])
-
-
-def __getattr__(name: str) -> Any:
-    if name == "checkpoint_name":  # the seed kept it here; it belongs to the checkpoint module
-        from models.common.checkpoint import checkpoint_name
-
-        return checkpoint_name
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # static analysers see the eager imports

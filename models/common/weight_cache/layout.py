@@ -18,6 +18,7 @@ A cache root (``$TT_CACHE_PATH``)::
                     .host_weights[.<tag>].safetensors
                 .retired-g<time>-<token>-<x>/       a generation being deleted
         .stamps/checkpoints/<name>.json             checkpoint digests, stamped: valid for every client
+        prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
 ``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
 sharing a directory never touch each other's marker, stamps or generations. Callers of the seed API
@@ -56,6 +57,7 @@ GENERATION_RECORD = ".generation"
 READERS_LEASE = ".readers"
 RETIRED_PREFIX = ".retired-"
 CHECKPOINT_STAMPS = PurePosixPath(".stamps", "checkpoints")
+PREFILL_DIR = "prefill"
 CONTENT_PREFIX_HEX = 16  # hex digits of the content id in a model dir's name
 
 _GENERATION_NAME = re.compile(r"g[0-9a-f]{1,20}-[0-9a-f]{6}")
@@ -231,6 +233,11 @@ class CacheRoot:
     def default(cls) -> CacheRoot:
         return cls(envs.TT_CACHE_PATH)
 
+    @property
+    def prefill_dir(self) -> Path:
+        """The default root of the prefill-feature cache, beside the weight caches."""
+        return self.path / PREFILL_DIR
+
     def model_dir(self, name: str, content_id: str) -> Path:
         return self.path / f"{name}--{content_id[:CONTENT_PREFIX_HEX]}"
 
@@ -303,6 +310,7 @@ def iter_variant_dirs(root: Path) -> Iterator[Path]:
     for directory, subdirs, names in os.walk(root):
         path = Path(directory)
         holds = is_mesh_dir_name(path.name) or BUILD_LOCK in names or any(is_marker_name(n) for n in names)
-        subdirs[:] = [d for d in subdirs if not is_generation_name(d) and not d.startswith(RETIRED_PREFIX)]
+        subdirs[:] = [d for d in subdirs if not is_generation_name(d) and not d.startswith(RETIRED_PREFIX)
+                      and not (d == PREFILL_DIR and path == Path(root))]
         if holds:
             yield path

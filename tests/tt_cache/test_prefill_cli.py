@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``tt-cache prefill ls|verify|gc`` through models.resynthesis.cli.main: real caches on disk,
+"""``tt-cache prefill ls|verify|gc`` through models.tt_cache.prefill.main: real caches on disk,
 every exit status, ``--json``, and no torch or ttnn in the process."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from models.common.prefill_cache import FrozenBackboneFeatureSidecar
-from models.resynthesis.cli import main
+from models.tt_cache.prefill import main
 from models.testing.prefill_factories import row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_bad_usage_is_exit_2(tmp_path, capsys, argv):
 def test_empty_root_and_add_prefill_commands_plug_into_another_cli(tmp_path, capsys):
     import argparse
 
-    from models.resynthesis.cli import add_prefill_commands
+    from models.tt_cache.prefill import add_prefill_commands
 
     parser = argparse.ArgumentParser(prog="tt-cache")
     add_prefill_commands(parser.add_subparsers(dest="command"))
@@ -117,7 +117,7 @@ def test_empty_root_and_add_prefill_commands_plug_into_another_cli(tmp_path, cap
 def test_commands_import_neither_torch_nor_ttnn(cache):
     code = (
         "import sys\n"
-        "from models.resynthesis.cli import main\n"
+        "from models.tt_cache.prefill import main\n"
         f"codes = [main(['prefill', c, {str(cache)!r}, '--json']) for c in ('ls', 'verify', 'gc')]\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ttnn', 'numpy'})\n"
         "print(codes, heavy)\n"
@@ -126,3 +126,22 @@ def test_commands_import_neither_torch_nor_ttnn(cache):
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_ls_and_gc_of_the_cache_root_cover_its_prefill_cache(tmp_path):
+    """``tt-cache ls`` shows the prefill cache beside the weight caches (bytes per sample
+    included); ``tt-cache gc --prefill-max-size`` evicts its objects, LRU first."""
+    from models.testing.tt_cache import cli_env, json_out, tt_cache
+
+    root = tmp_path / "cache"
+    FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(row(root / "prefill", index) for index in range(3)))
+    listing = tt_cache("ls", str(root), "--json", env=cli_env())
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    prefill = json_out(listing)["prefill"]
+    assert prefill["objects"] == 3 and prefill["bytes_per_sample"] > 0 and json_out(listing)["variants"] == []
+    human = tt_cache("ls", str(root), env=cli_env())
+    assert "prefill cache" in human.stdout and "per sample" in human.stdout
+    gc = tt_cache("gc", str(root), "--prefill-max-size", "0", "--json", env=cli_env())
+    assert gc.returncode == 0, gc.stderr[-2000:]
+    assert json_out(gc)["prefill"]["evicted_objects"] == 3
+    assert json_out(tt_cache("ls", str(root), "--json", env=cli_env()))["prefill"]["objects"] == 0
