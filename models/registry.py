@@ -16,13 +16,26 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Family:
-    """One family: its loader (``module:Class``), the ``model_type`` values of its configs and the
-    HF causal-LM architectures (``config.architectures``) of its text models."""
+    """One family: its loader (``module:Class``), the ``model_type`` values of its configs, the
+    HF causal-LM architectures (``config.architectures``) of its text models, the components a
+    build may hold, and its layout version (bump it when the loader lays weights out otherwise:
+    every existing cache of the family then reads as cold)."""
 
     name: str
     loader: str
     model_types: tuple[str, ...]
     architectures: tuple[str, ...]
+    components: tuple[str, ...] = ("text",)
+    layout_version: int = 1
+
+    def build_variant(self, precision: str) -> dict[str, Any]:
+        """The options that decide which files a build writes (matched exactly by the gate)."""
+        return {"family": self.name, "precision": precision, "layout_version": self.layout_version}
+
+    def default_components(self, config: dict[str, Any]) -> tuple[str, ...]:
+        """What a build holds when none are named: every component the checkpoint has (a text-only
+        checkpoint of a multimodal family has no vision tower)."""
+        return tuple(c for c in self.components if c != "vision" or config.get("vision_config"))
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -33,12 +46,21 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "models.qwen3:Qwen3Loader", ("qwen3",), ("Qwen3ForCausalLM",)),
     Family("qwen3_moe", "models.qwen3:Qwen3MoeLoader", ("qwen3_moe",), ("Qwen3MoeForCausalLM",)),
     Family("gemma3", "models.gemma:Gemma3Loader", ("gemma3_text", "gemma3"), ("Gemma3ForCausalLM",)),
-    Family("gemma4", "models.gemma:Gemma4Loader", ("gemma4_text", "gemma4"), ("Gemma4ForCausalLM",)),
+    Family("gemma4", "models.gemma:Gemma4Loader", ("gemma4_text", "gemma4"), ("Gemma4ForCausalLM",),
+           components=("text", "vision")),
 )
 
 FAMILY_LOADERS: dict[str, str] = {f.name: f.loader for f in FAMILIES}
 MODEL_TYPES: dict[str, str] = {model_type: f.name for f in FAMILIES for model_type in f.model_types}
 ARCHITECTURES: dict[str, str] = {arch: f.name for f in FAMILIES for arch in f.architectures}
+
+
+def family_facts(family: str) -> Family:
+    """The table's entry for a family name."""
+    for entry in FAMILIES:
+        if entry.name == family:
+            return entry
+    raise ValueError(f"unknown family {family!r}; known: {sorted(FAMILY_LOADERS)}")
 
 
 def loader_class(family: str) -> type:

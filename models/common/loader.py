@@ -3,18 +3,15 @@
 
 A load goes:
 
-1. **Identity.** A model's cache is found by what its weights are, not by a folder name:
-   ``$TT_CACHE_PATH/<name>--<content id>/<precision>/mesh_<rows>x<cols>``, where the content id
-   (:mod:`models.common.weight_cache.identity`) covers the config and every weight file. The same
-   weights under any folder name, HF id or hub snapshot share one cache (``<name>`` is only for
-   people); different weights never do. A ``num_layers`` build has a directory of its own. With no
-   weights on this machine (a cache-only deploy) the cache is the one whose marker records the
-   same model id, and the deploy's ``config.json`` must agree with the recorded one. An explicit
-   ``cache_dir=`` is checked the same way (content id, or model id).
+1. **Which cache** (:class:`~models.common.weight_cache.request.CacheRequest`, torch-free): found
+   by what the weights are, not by a folder name, ``$TT_CACHE_PATH/<name>--<content id>/<precision>/
+   mesh_<rows>x<cols>``; the same weights under any name share one cache, different weights never
+   do; a cache-only deploy is served by the cache of its model id, if its config agrees.
 2. **The gate** (:mod:`models.common.weight_cache.gate`). **Warm**: the state dict is the cache's
    placeholders plus the real host weights, every tensor is loaded from the build generation the
    marker names under a reader lease, checked against the shape, dtype and layout the loader
-   expects, and no checkpoint file is opened. A bad file means cold (or a clear error without a
+   expects, and no checkpoint weight is read (the checkpoint's files were verified once, on first
+   sight, and are recognised by their stamps). A bad file means cold (or a clear error without a
    checkpoint).
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
@@ -33,7 +30,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,48 +39,30 @@ from loguru import logger
 
 from models.common import envs
 from models.common.build_plan import plan_weights
-from models.common.checkpoint import (
-    CheckpointError,
-    KeyRule,
-    checkpoint_name,
-    has_weights,
-    model_id,
-    read_config,
-    resolve_checkpoint_dir,
-)
+from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
-from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced, weight_cache_status
+from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.generations import build_lock, owned_generations, reader_lease, retire_unnamed
 from models.common.weight_cache.host_sidecar import write_host_sidecar
-from models.common.weight_cache.identity import content_id
 from models.common.weight_cache.layout import (
-    CacheRoot,
-    VariantPaths,
     canonical_variant,
     normalize_components,
     normalize_mesh_shape,
-    variant_subdir,
 )
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, build_relative, read_marker
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, build_relative
 from models.common.weight_cache.placeholders import build_cached_state_dict, manifest_of
-from models.common.weight_cache.stamps import StampIndex
+from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
-from models.common.weight_cache.usage import add_model_id, model_ids, touch_last_used
+from models.common.weight_cache.usage import add_model_id, touch_last_used
+from models.registry import family_facts
 
 STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
 WARM_LOAD_ATTEMPTS = 3  # a generation retired between gate and lease: read the newer marker
-
-# config.json fields that do not change what the cached weights compute (how the checkpoint was
-# stored, which tokens start and stop generation, bookkeeping): a cache-only deploy may differ in them
-CONFIG_FIELDS_OUTSIDE_THE_FORWARD = frozenset({
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
-    "eos_token_id", "pad_token_id", "output_attentions", "output_hidden_states", "return_dict",
-})
 
 
 def default_cache_root() -> Path:
@@ -160,11 +138,8 @@ class WeightLoader(ABC):
     """One family's loader. Subclasses set ``family``, ``key_rules`` and implement
     :meth:`make_args` and :meth:`convert`; everything about the cache happens here."""
 
-    family: ClassVar[str]
+    family: ClassVar[str]  # its entry in models.registry: components, layout version
     key_rules: ClassVar[Sequence[KeyRule]]
-    # Bump when a family changes how it lays weights out: old caches then read as cold.
-    layout_version: ClassVar[int] = 1
-    all_components: ClassVar[tuple[str, ...]] = ("text",)
 
     def __init__(
         self,
@@ -190,11 +165,10 @@ class WeightLoader(ABC):
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
             raise ValueError(f"num_layers {num_layers!r}: expected a positive int")
         self.model = model
-        self.model_name = checkpoint_name(model)
-        self.model_id = model_id(model)
         self.mesh_shape = parse_mesh_shape(mesh_shape)
         self.precision = precision
         self.num_layers = num_layers
+        self.all_components = family_facts(self.family).components
         self.components = tuple(sorted(set(components or self.all_components)))
         unknown = set(self.components) - set(self.all_components)
         if unknown:
@@ -203,8 +177,9 @@ class WeightLoader(ABC):
         self.force = force
         self.force_env = force_env
         self.cache_root = Path(cache_root or default_cache_root())
-        self.checkpoint_dir = resolve_checkpoint_dir(model)
-        self._named_cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.request = CacheRequest(model, self.build_variant, precision, self.mesh_shape, num_layers, self.cache_root,
+                                    Path(cache_dir) if cache_dir is not None else None)
+        self.checkpoint_dir = self.request.checkpoint_dir
         self.prefetch = prefetch_threads(prefetch)
 
     # -- what a family provides -------------------------------------------------------------
@@ -230,7 +205,7 @@ class WeightLoader(ABC):
     @property
     def build_variant(self) -> dict[str, Any]:
         """Options that change which files a build writes, matched exactly by the gate."""
-        return {"family": self.family, "precision": self.precision, "layout_version": self.layout_version}
+        return family_facts(self.family).build_variant(self.precision)
 
     @property
     def forced(self) -> bool:
@@ -239,119 +214,22 @@ class WeightLoader(ABC):
     def precision_dtype(self) -> Any:
         return PRECISIONS[self.precision]
 
-    @property
-    def has_checkpoint_weights(self) -> bool:
-        return has_weights(self.checkpoint_dir)
-
-    @cached_property
-    def content_id(self) -> str | None:
-        """The checkpoint's content digest (None without weights on this machine)."""
-        if not self.has_checkpoint_weights:
-            return None
-        root = CacheRoot(self.cache_root)
-        stamps = StampIndex(root.checkpoint_stamps(self.model_name), root.user_checkpoint_stamps(self.model_name))
-        return content_id(self.checkpoint_dir, stamps)
-
-    @property
-    def variant_subdir(self) -> Path:
-        return Path(variant_subdir(self.precision, self.mesh_shape, self.num_layers))
-
-    @cached_property
-    def cache_dir(self) -> Path:
-        """This build's cache dir: named by the user; else the one holding this content (under any
-        readable name), else a new one under this checkpoint's name; else (cache-only) the one
-        cache whose marker records this model id."""
-        if self._named_cache_dir is not None:
-            return self._named_cache_dir
-        if self.content_id is None:
-            return self._cache_only_dir()
-        root = CacheRoot(self.cache_root)
-        own = root.model_dir(self.model_name, self.content_id) / self.variant_subdir
-        if VariantPaths(own, self.build_variant).marker.exists():
-            return own
-        for model_dir in root.model_dirs_of(self.content_id):
-            candidate = model_dir / self.variant_subdir
-            if self._recorded(candidate, "content_id") == self.content_id:
-                return candidate
-        return own
-
-    @property
-    def paths(self) -> VariantPaths:
-        return VariantPaths(self.cache_dir, self.build_variant)
-
-    def _recorded(self, directory: Path, attribute: str) -> Any:
-        try:
-            return getattr(read_marker(directory, self.build_variant), attribute)
-        except WeightCacheError:
-            return None
-
-    def _cache_only_dir(self) -> Path:
-        candidates, same_name = [], []
-        for model_dir in CacheRoot(self.cache_root).model_dirs():
-            directory = model_dir / self.variant_subdir
-            recorded = self._recorded(directory, "model_id")
-            if recorded == self.model_id or (recorded and self.model_id in model_ids(VariantPaths(directory, self.build_variant))):
-                candidates.append(directory)
-            elif recorded is not None and checkpoint_name(recorded) == self.model_name:
-                same_name.append(recorded)
-        if len(candidates) == 1:
-            return candidates[0]
-        where = f"{self.precision} {self.variant_subdir.name} caches under {self.cache_root}"
-        if not candidates:
-            seen = "; caches of that name are for " + ", ".join(sorted(set(same_name))) if same_name else ""
-            raise CheckpointError(
-                f"{self.model}: no checkpoint weights on this machine and no {where} built from "
-                f"model id {self.model_id!r}{seen}"
-            )
-        listed = "\n  ".join(str(d) for d in candidates)
-        raise CheckpointError(
-            f"{self.model}: no checkpoint weights on this machine and {len(candidates)} {where} were built "
-            f"from {self.model_id!r} (different weights); name one with cache_dir=:\n  {listed}"
-        )
+    # which cache, and whether it is warm: the torch-free CacheRequest decides
+    model_name = property(lambda self: self.request.model_name)
+    model_id = property(lambda self: self.request.model_id)
+    has_checkpoint_weights = property(lambda self: self.request.has_checkpoint_weights)
+    content_id = property(lambda self: self.request.content_id)
+    cache_dir = property(lambda self: self.request.cache_dir)
+    paths = property(lambda self: self.request.paths)
 
     def model_config(self) -> dict[str, Any]:
-        """``config.json`` from the checkpoint, else the copy kept with the cache. A cache-only
-        deploy's own ``config.json`` must agree with the recorded one wherever it changes the
-        computation (another ``rope_theta`` on the same tensors would run warm and wrong)."""
-        local = self.checkpoint_dir is not None and (self.checkpoint_dir / "config.json").is_file()
-        if local and self.has_checkpoint_weights:
-            return read_config(self.checkpoint_dir)
-        try:
-            recorded = read_marker(self.cache_dir, self.build_variant).model_config
-        except WeightCacheError as error:
-            if local:
-                return read_config(self.checkpoint_dir)  # the gate will say why the cache cannot serve it
-            raise CheckpointError(f"{self.model}: no checkpoint on this machine and no usable cache ({error})") from None
-        if not local:
-            if recorded is None:
-                raise CheckpointError(f"{self.model}: no checkpoint config and the cache keeps none")
-            return recorded
-        deployed = read_config(self.checkpoint_dir)
-        if recorded is not None:
-            differ = sorted(key for key in set(deployed) | set(recorded)
-                            if key not in CONFIG_FIELDS_OUTSIDE_THE_FORWARD and deployed.get(key) != recorded.get(key))
-            if differ:
-                raise CheckpointError(
-                    f"{self.checkpoint_dir / 'config.json'} differs from the config the cache {self.cache_dir} was "
-                    f"built with in {', '.join(differ)}: those weights would compute another model "
-                    f"(rebuild from the checkpoint, or deploy the config the cache was built with)"
-                )
-        return deployed
+        """``config.json`` of this model (see :meth:`CacheRequest.model_config`)."""
+        return self.request.model_config()
 
     def status(self, args: ModelArgs | None = None) -> CacheStatus:
         """The gate's verdict on this build's cache (``force`` does not change it: it is about the cache)."""
         args = args or self.make_args(self.model_config(), self.num_layers)
-        return weight_cache_status(
-            self.cache_dir,
-            model_name=self.model_name,
-            n_layers=args.n_layers,
-            mesh_shape=self.mesh_shape,
-            components=self.components,
-            build_variant=self.build_variant,
-            force_env=None,
-            content_id=self.content_id,
-            model_id=None if self.content_id is not None else self.model_id,
-        )
+        return self.request.status(args.n_layers, self.components)
 
     # -- the load ---------------------------------------------------------------------------
 

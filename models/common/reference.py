@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from models.common.decoder import kv_heads_per_column
 from models.common.loader import LoadedModel
-from models.common.mesh import column_blocks
+from models.common.sharding import column_blocks
 from models.common.weight_cache.tensor_cache import host_shards
 
 

@@ -181,7 +181,6 @@ class Gemma4Loader(DecoderLoader):
 
     family = "gemma4"
     key_rules = language_model_rules(GEMMA4_TEXT_RULES + GEMMA_NORM_RULES + HF_DECODER_RULES) + GEMMA4_VISION_RULES
-    all_components = ("text", "vision")
     layer_norms = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm")
 
     def __init__(self, model: str | os.PathLike, *, components: Iterable[str] | None = None, **options: Any) -> None:

@@ -20,15 +20,8 @@ from models.common.checkpoint import (
     resolve_checkpoint_dir,
 )
 from models.common.safetensors_file import SafetensorsFile
-from models.common.mesh import (
-    COLUMN_PARALLEL,
-    EXPERT_PARALLEL,
-    REPLICATED,
-    ROW_PARALLEL,
-    parse_mesh_shape,
-    shard,
-    unshard,
-)
+from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, parse_mesh_shape
+from models.common.sharding import shard, unshard
 
 
 @pytest.fixture
@@ -166,7 +159,7 @@ def test_written_safetensors_read_back_by_both_readers_with_shared_storage(tmp_p
 @pytest.mark.parametrize("shape", [(4096, 32), (64, 96), (8, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fast_contiguous_transpose_is_exact(shape, dtype):
-    from models.common.mesh import contiguous
+    from models.common.sharding import contiguous
 
     source = torch.randn(*shape).to(dtype)
     for view in (source.T, source[:, 1:], source):

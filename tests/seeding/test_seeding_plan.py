@@ -83,6 +83,28 @@ def test_check_of_the_seeded_plan_passes_and_starts_no_seed(ci):
     assert "models.seeding.worker" not in out.stderr and time.monotonic() - start < 120
 
 
+# ``tt-cache`` with torch and ttnn made unimportable: what a light install (no torch, no ttnn) sees
+WITHOUT_TORCH = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "ttnn", "transformers"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, Absent())
+from models.tt_cache.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_check_runs_without_torch_and_ttnn(ci):
+    """The validate job's ``seed --check`` needs neither torch nor ttnn: the gate, the content id
+    and the cache lookup are torch-free."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, "seed", "--plan", str(ci["root"] / "plan-present.yaml"),
+                          "--check", "--json"], env=ci["env"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {case["outcome"] for case in json_out(out)["cases"]} == {"warm"}
+
+
 def test_check_through_a_read_only_bind_mount(ci, readonly_view):
     view = readonly_view(ci["root"] / "cache")
     env = {**ci["env"], "TT_CACHE_PATH": str(view)}

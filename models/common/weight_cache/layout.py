@@ -59,6 +59,7 @@ RETIRED_PREFIX = ".retired-"
 CHECKPOINT_STAMPS = PurePosixPath(".stamps", "checkpoints")
 PREFILL_DIR = "prefill"
 CONTENT_PREFIX_HEX = 16  # hex digits of the content id in a model dir's name
+PRECISIONS = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")  # ttnn dtypes a cache stores weights in
 
 _GENERATION_NAME = re.compile(r"g[0-9a-f]{1,20}-[0-9a-f]{6}")
 _MESH_DIR = re.compile(r"mesh_\d+x\d+(-layers\d+)?")

@@ -32,18 +32,15 @@ import ttnn
 from loguru import logger
 
 from models.common.fileio import atomic_output, fsync_dir, fsync_file
-from models.common.mesh import MeshShape, Placement, shard, shard_shape
+from models.common.mesh import MeshShape, Placement, shard_shape
+from models.common.sharding import shard
 from models.common.prefetch import Prefetcher
+from models.common.weight_cache.layout import PRECISIONS as PRECISION_NAMES
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.placeholders import is_placeholder_tensor
 from models.common.weight_cache.stamps import FileStamp
 
-PRECISIONS: dict[str, Any] = {
-    "bfloat16": ttnn.bfloat16,
-    "bfloat8_b": ttnn.bfloat8_b,
-    "bfloat4_b": ttnn.bfloat4_b,
-    "float32": ttnn.float32,
-}
+PRECISIONS: dict[str, Any] = {name: getattr(ttnn, name) for name in PRECISION_NAMES}  # name -> ttnn dtype
 
 
 @dataclass(frozen=True)
