@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 

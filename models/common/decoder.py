@@ -34,10 +34,11 @@ import torch
 import ttnn
 
 from models.common.checkpoint import KeyRule
-from models.common.loader import WeightLoader, WeightSink
+from models.common.conversion import WeightSink
+from models.common.loader import WeightLoader
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import TensorFormat
+from models.common.weight_cache.tensor_cache import TensorFormat
 from models.common.weight_cache import concat, stack
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (

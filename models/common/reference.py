@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from models.common.decoder import column_heads
 from models.common.loader import LoadedModel
-from models.common.mesh import column_blocks
-from models.common.tensor_cache import host_shards
+from models.common.sharding import column_blocks
+from models.common.weight_cache.tensor_cache import host_shards
 
 
 class CachedWeights:

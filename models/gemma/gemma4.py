@@ -71,7 +71,7 @@ from models.common.decoder import (
     fuse_qkv,
     norm_for_device,
 )
-from models.common.loader import WeightSink
+from models.common.conversion import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
 from models.common.weight_cache import fp32_elementwise
@@ -182,7 +182,6 @@ class Gemma4Loader(DecoderLoader):
 
     family = "gemma4"
     key_rules = language_model_rules(GEMMA4_TEXT_RULES + GEMMA_NORM_RULES + HF_DECODER_RULES) + GEMMA4_VISION_RULES
-    all_components = ("text", "vision")
     layer_norms = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm")
 
     def __init__(self, model: str | os.PathLike, *, components: Iterable[str] | None = None, **options: Any) -> None:
