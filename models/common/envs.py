@@ -63,6 +63,9 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     # -- tools --------------------------------------------------------------------------------
     "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1: tt-cache prints the traceback of an internal error"),
     "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
+    "TT_GGUF_CACHE": EnvVar(
+        lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
+        "where split GGUFs of the real models are assembled, shared by every model root"),
     # -- the prefill cache and resynthesis -------------------------------------------------------
     "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
         _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),
