@@ -14,7 +14,7 @@ setup(
         "vllm": ["vllm==0.33.0"],  # scripts/setup_vllm_env.sh builds its own environment
     },
     entry_points={
-        "console_scripts": ["tt-cache=models.common.cli:main"],
+        "console_scripts": ["tt-cache=models.tt_cache.cli:main"],
         # Inert without vllm: models.vllm_plugin imports vllm only when vllm is installed.
         "vllm.platform_plugins": ["tt_host = models.vllm_plugin:register"],
         "vllm.general_plugins": ["tt_models = models.vllm_plugin:register_models"],

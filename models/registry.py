@@ -1,33 +1,66 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which loader builds which model: by family name, or from a checkpoint's ``model_type``."""
+"""The one family table: which loader builds which model, chosen by a checkpoint's ``model_type``
+or its Hugging Face causal-LM architecture.
+
+Everything else (``tt-cache``, seeding, the vLLM plugin's ``TT<Arch>`` classes) derives its lists
+from :data:`FAMILIES`, so a family added here is served everywhere. Importing this module imports
+nothing heavy (no torch, no ttnn): loaders are imported on demand.
+"""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
-FAMILY_LOADERS = {
-    "llama": "models.llama:LlamaLoader",
-    "mistral": "models.mistral:MistralLoader",
-    "phi3": "models.phi3:Phi3Loader",
-    "qwen2": "models.qwen2:Qwen2Loader",
-    "qwen3": "models.qwen3:Qwen3Loader",
-    "qwen3_moe": "models.qwen3:Qwen3MoeLoader",
-    "gemma3": "models.gemma:Gemma3Loader",
-    "gemma4": "models.gemma:Gemma4Loader",
-}
-MODEL_TYPES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "phi3": "phi3",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3_moe",
-    "gemma3_text": "gemma3",
-    "gemma3": "gemma3",
-    "gemma4_text": "gemma4",
-    "gemma4": "gemma4",
-}
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its loader (``module:Class``), the ``model_type`` values of its configs, the
+    HF causal-LM architectures (``config.architectures``) of its text models, the components a
+    build may hold, and its layout version (bump it when the loader lays weights out otherwise:
+    every existing cache of the family then reads as cold)."""
+
+    name: str
+    loader: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    components: tuple[str, ...] = ("text",)
+    layout_version: int = 1
+
+    def build_variant(self, precision: str) -> dict[str, Any]:
+        """The options that decide which files a build writes (matched exactly by the gate)."""
+        return {"family": self.name, "precision": precision, "layout_version": self.layout_version}
+
+    def default_components(self, config: dict[str, Any]) -> tuple[str, ...]:
+        """What a build holds when none are named: every component the checkpoint has (a text-only
+        checkpoint of a multimodal family has no vision tower)."""
+        return tuple(c for c in self.components if c != "vision" or config.get("vision_config"))
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "models.llama:LlamaLoader", ("llama",), ("LlamaForCausalLM",)),
+    Family("mistral", "models.mistral:MistralLoader", ("mistral",), ("MistralForCausalLM",)),
+    Family("phi3", "models.phi3:Phi3Loader", ("phi3",), ("Phi3ForCausalLM",)),
+    Family("qwen2", "models.qwen2:Qwen2Loader", ("qwen2",), ("Qwen2ForCausalLM",)),
+    Family("qwen3", "models.qwen3:Qwen3Loader", ("qwen3",), ("Qwen3ForCausalLM",)),
+    Family("qwen3_moe", "models.qwen3:Qwen3MoeLoader", ("qwen3_moe",), ("Qwen3MoeForCausalLM",)),
+    Family("gemma3", "models.gemma:Gemma3Loader", ("gemma3_text", "gemma3"), ("Gemma3ForCausalLM",)),
+    Family("gemma4", "models.gemma:Gemma4Loader", ("gemma4_text", "gemma4"), ("Gemma4ForCausalLM",),
+           components=("text", "vision")),
+)
+
+FAMILY_LOADERS: dict[str, str] = {f.name: f.loader for f in FAMILIES}
+MODEL_TYPES: dict[str, str] = {model_type: f.name for f in FAMILIES for model_type in f.model_types}
+ARCHITECTURES: dict[str, str] = {arch: f.name for f in FAMILIES for arch in f.architectures}
+
+
+def family_facts(family: str) -> Family:
+    """The table's entry for a family name."""
+    for entry in FAMILIES:
+        if entry.name == family:
+            return entry
+    raise ValueError(f"unknown family {family!r}; known: {sorted(FAMILY_LOADERS)}")
 
 
 def loader_class(family: str) -> type:
@@ -44,3 +77,10 @@ def family_of(config: dict[str, Any]) -> str:
     if model_type not in MODEL_TYPES:
         raise ValueError(f"no loader for model_type {model_type!r}; known: {sorted(MODEL_TYPES)}")
     return MODEL_TYPES[model_type]
+
+
+def family_of_architecture(architecture: str) -> str:
+    """The family whose text model a Hugging Face architecture name is."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"no family for architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[architecture]

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 MESHES = ("1x1", "1x2", "1x4", "2x2")
 CHECKPOINTS = 5
@@ -46,7 +45,7 @@ def make_caches(work: Path) -> tuple[Path, Path]:
         return cache, hub
     import models  # noqa: F401  (mock cluster before ttnn)
     from models.llama import LlamaLoader
-    from tests.ttnn.tiny_models import make_checkpoint
+    from models.testing.tiny_models import make_checkpoint
 
     for index in range(CHECKPOINTS):
         checkpoint = make_checkpoint("llama", work / "checkpoints" / f"llama-{index}", seed=index, **SHAPE)
@@ -130,7 +129,7 @@ def main() -> None:
     try:
         cache, hub = make_caches(work)
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TT_CACHE_PATH=str(cache))
-        python, cli = sys.executable, [sys.executable, "-m", "models.common.cli"]
+        python, cli = sys.executable, [sys.executable, "-m", "models.tt_cache.cli"]
         hf = str(Path(sys.executable).parent / "hf")
         files = cache_files(cache)
         cache_mib = sum(os.path.getsize(f) for f in files) / 2**20

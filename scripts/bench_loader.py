@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
@@ -147,7 +146,7 @@ def main() -> None:
     if opts.model == "llama-synthetic":
         model, family = str(make_llama_checkpoint(opts.workdir / "llama-synthetic", opts.layers)), "llama"
     elif opts.model == "gemma3-270m":
-        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+        from models.demos.real_models.prepare import prepare_gemma3_270m
 
         model, family = str(prepare_gemma3_270m()), "gemma3"
     else:

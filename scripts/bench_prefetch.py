@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 from _bench_output import bar_chart  # noqa: E402
 
 CHILD = r"""
@@ -36,8 +34,8 @@ import json, mmap, os, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
-from models.common.marker import read_marker
-from models.common.tensor_cache import tensorbin_name
+from models.common.weight_cache.marker import read_marker
+from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import family_of, loader_class
 from models.common.checkpoint import read_config, resolve_checkpoint_dir
 model, precision, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -112,7 +110,7 @@ def main() -> None:
         raise SystemExit("evicting the page cache needs root (echo 3 > /proc/sys/vm/drop_caches)")
     model = opts.model
     if model == "gemma3-270m":
-        from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+        from models.demos.real_models.prepare import prepare_gemma3_270m
 
         model = str(prepare_gemma3_270m())
     env = dict(os.environ, TT_CACHE_PATH=str(opts.cache_root), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))

@@ -26,14 +26,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -43,7 +41,7 @@ from models.common import prefill_cache as pc  # noqa: E402
 from models.common.prefill_cache import sidecar as pc_sidecar  # noqa: E402
 from models.common.fileio import write_all  # noqa: E402
 from models.common.measure import peak_rss_mib  # noqa: E402
-from tests.ttnn.helpers.prefill_factories import row  # noqa: E402
+from models.testing.prefill_factories import row  # noqa: E402
 
 MIB = 1 << 20
 BIG = dict(hidden=2048, positions=256)  # bf16 summary [1, 256, 2048] = 1 MiB (+ 4 KiB final)

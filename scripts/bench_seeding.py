@@ -29,9 +29,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from tests.ttnn.helpers.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
+from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
 
 MODES = {"cold load()": "load", "stream": "seed", "ray 1": "ray:1", "ray 2": "ray:2"}
 
@@ -41,7 +40,7 @@ def run(mode: str, checkpoint: Path, precision: str, cache_root: Path) -> dict:
     subprocess.run(["cat", str(checkpoint / "model.safetensors")], stdout=subprocess.DEVNULL, check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
-    proc = subprocess.run([sys.executable, "-m", "tests.ttnn.helpers.seed_child", mode, str(checkpoint), precision,
+    proc = subprocess.run([sys.executable, "-m", "models.testing.seed_child", mode, str(checkpoint), precision,
                            str(cache_root)], cwd=REPO, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
     if proc.returncode or not lines:

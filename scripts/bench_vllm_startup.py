@@ -142,8 +142,7 @@ def main() -> int:
     if opts.rounds < 1:
         parser.error("--rounds must be >= 1")
 
-    sys.path.insert(0, str(REPO_ROOT))
-    from models.demos.gemma3_270m.prepare import prepare_gemma3_270m
+    from models.demos.real_models.prepare import prepare_gemma3_270m
 
     snapshot = prepare_gemma3_270m()
     opts.workdir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Benchmark the warm ttnn weight cache (models/common/weight_cache.py); prints a markdown table.
+"""Benchmark the warm ttnn weight cache (models/common/weight_cache/); prints a markdown table.
 
 1. Gate latency on a cache of N real tensorbins (default 10,000): a fresh process times its first
    ``weight_cache_status`` call (marker parse + one ``stat`` per file) and the median of repeated
@@ -29,14 +29,13 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
 import models  # noqa: E402,F401  (mock cluster before ttnn)
 from models.common import weight_cache as wc  # noqa: E402
-from models.common.fileio import HASH_BLOCK_BYTES, content_digest_file  # noqa: E402
+from models.common.fileio import HASH_READ_BYTES, content_digest_file  # noqa: E402
 from models.common.measure import peak_rss_mib, rss_bytes, run_measured  # noqa: E402
 
 GATE_TARGET_MS = 50.0
@@ -87,10 +86,9 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
 
 GATE_PROBE = r"""
 import statistics, sys, time
-sys.path.insert(0, sys.argv[1])
 import models
 from models.common.weight_cache import weight_cache_status
-root, layers, repeats = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+root, layers, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 kwargs = dict(model_name="bench", n_layers=layers, mesh_shape=(1, 1))
 start = time.perf_counter()
 first = weight_cache_status(root, **kwargs)
@@ -117,7 +115,7 @@ report({"first_ms": first_ms, "median_ms": statistics.median(times), "max_ms": m
 
 def gate_latency(root: Path, count: int, repeats: int) -> dict:
     """The gate in a fresh process (its report carries that process's own peak RSS)."""
-    return run_measured([sys.executable, "-c", GATE_PROBE, str(REPO_ROOT), str(root), str(count // 100), str(repeats)])
+    return run_measured([sys.executable, "-c", GATE_PROBE, str(root), str(count // 100), str(repeats)])
 
 
 def llama_manifest(keys: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -157,7 +155,7 @@ def placeholder_rss(keys: int) -> dict:
 
 
 def read_throughput(path: Path) -> float:
-    buffer = bytearray(HASH_BLOCK_BYTES)
+    buffer = bytearray(HASH_READ_BYTES)
     start = time.perf_counter()
     with open(path, "rb", buffering=0) as stream:
         while stream.readinto(buffer):

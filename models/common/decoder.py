@@ -28,15 +28,17 @@ so the same code runs on real weights (cold) and on storage-free placeholders (w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import ttnn
 
 from models.common.checkpoint import KeyRule
-from models.common.loader import WeightLoader, WeightSink
+from models.common.conversion import WeightSink
+from models.common.loader import WeightLoader
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import TensorFormat
+from models.common.weight_cache.tensor_cache import TensorFormat
 from models.common.weight_cache import concat, stack
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (
@@ -80,25 +82,78 @@ def kv_heads_per_column(n_kv_heads: int, cols: int) -> list[list[int]]:
     raise ValueError(f"{n_kv_heads} KV heads cannot be spread over {cols} mesh columns")
 
 
-def _heads(weight: torch.Tensor, indices: Sequence[int], head_dim: int) -> list[torch.Tensor]:
-    return [weight.narrow(0, h * head_dim, head_dim) for h in indices]
+@dataclass(frozen=True)
+class ColumnHeads:
+    """The attention heads one mesh column computes, in the order of its block of ``wqkv`` (and of
+    its rows of ``wo``). ``None`` is a padding head: zero weights, zero bias, zero ``wo`` rows, so
+    it adds exactly nothing."""
+
+    q: tuple[int | None, ...]
+    kv: tuple[int | None, ...]
+    q_to_kv: tuple[int, ...]  # for each query slot, the index in ``kv`` of the head it attends with
+
+    @property
+    def padded(self) -> bool:
+        return None in self.q or None in self.kv
+
+
+def column_heads(n_heads: int, n_kv_heads: int, cols: int) -> list[ColumnHeads]:
+    """How the heads are spread over ``cols`` mesh columns.
+
+    Evenly when they divide (KV heads in blocks, or one replicated over several columns). Otherwise,
+    when there are more KV heads than columns (SmolLM2-135M: 9 query / 3 KV heads on an N300's 2),
+    the KV heads are padded with zero heads to a multiple of ``cols`` and each brings its whole
+    group of query heads, so every column holds the same number of heads: equal shards, and the
+    padding heads contribute zero to the sum over columns. Fewer KV heads than columns that do not
+    divide them stay an error (most devices would hold only padding)."""
+    group = n_heads // n_kv_heads
+    if n_heads % cols == 0 and (n_kv_heads % cols == 0 or cols % n_kv_heads == 0):
+        per_q, kv = n_heads // cols, kv_heads_per_column(n_kv_heads, cols)
+        return [ColumnHeads(tuple(range(c * per_q, (c + 1) * per_q)), tuple(kv[c]),
+                            tuple(kv[c].index(h // group) for h in range(c * per_q, (c + 1) * per_q)))
+                for c in range(cols)]
+    if n_kv_heads <= cols:
+        if n_heads % cols:
+            raise ValueError(f"{n_heads} attention heads cannot be split over {cols} mesh columns")
+        kv_heads_per_column(n_kv_heads, cols)  # raises its own error
+    per_kv = -(-n_kv_heads // cols)
+    columns = []
+    for c in range(cols):
+        kv = tuple(k if k < n_kv_heads else None for k in range(c * per_kv, (c + 1) * per_kv))
+        q = tuple(None if k is None else k * group + g for k in kv for g in range(group))
+        columns.append(ColumnHeads(q, kv, tuple(j for j in range(per_kv) for _ in range(group))))
+    return columns
+
+
+def _heads(weight: torch.Tensor, indices: Sequence[int | None], head_dim: int) -> list[torch.Tensor]:
+    """Rows ``[h * head_dim, (h + 1) * head_dim)`` of each head; zeros for a padding head."""
+    return [weight.narrow(0, h * head_dim, head_dim) if h is not None
+            else weight.new_zeros((head_dim, *weight.shape[1:])) for h in indices]
 
 
 def column_blocked_heads(
     wq: torch.Tensor, wk: torch.Tensor | None, wv: torch.Tensor | None, args: ModelArgs, cols: int
 ) -> torch.Tensor:
     """q/k/v rows (weights ``[out, in]`` or biases ``[out]``) regrouped per mesh column: column
-    ``c``'s block holds its query heads, then its key heads, then its value heads."""
-    if args.n_heads % cols:
-        raise ValueError(f"{args.n_heads} attention heads cannot be split over {cols} mesh columns")
-    per_q = args.n_heads // cols
-    kv = kv_heads_per_column(args.n_kv_heads, cols)
+    ``c``'s block holds its query heads, then its key heads, then its value heads (see
+    :func:`column_heads`)."""
     blocks = []
-    for c in range(cols):
-        blocks += _heads(wq, range(c * per_q, (c + 1) * per_q), args.head_dim)
+    for column in column_heads(args.n_heads, args.n_kv_heads, cols):
+        blocks += _heads(wq, column.q, args.head_dim)
         for w in (wk, wv):
-            blocks += _heads(w, kv[c], args.head_dim) if w is not None else []
+            blocks += _heads(w, column.kv, args.head_dim) if w is not None else []
     return concat(blocks, dim=0)
+
+
+def column_blocked_output(wo: torch.Tensor, args: ModelArgs, cols: int) -> torch.Tensor:
+    """``wo`` as ``[n_heads * head_dim, dim]`` whose row blocks follow each column's query heads:
+    the plain transpose when the heads divide evenly (consecutive heads per column), with zero
+    rows for padding heads otherwise."""
+    columns = column_heads(args.n_heads, args.n_kv_heads, cols)
+    rows = wo.transpose(0, 1)
+    if not any(column.padded for column in columns):
+        return rows
+    return concat([block for column in columns for block in _heads(rows, column.q, args.head_dim)], dim=0)
 
 
 def fuse_qkv(
@@ -191,7 +246,7 @@ class DecoderLoader(WeightLoader):
         if args.qkv_bias:
             bqkv = fuse_qkv_bias(*(state[f"{p}w{name}.bias"] for name in "qkv"), args, cols)
             sink.put(p + "bqkv", bqkv, BIAS_FORMAT)
-        sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], args, cols), self.linear_format(ROW_PARALLEL))
         if args.qk_norm:
             sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), self.norm_format)
             sink.put(p + "k_norm", self.norm(state[p + "k_norm.weight"]), self.norm_format)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from models.common import envs
+
 MOCK_CLUSTER_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 MOCK_BOARD_ENV = "TT_MOCK_BOARD"
 MOCK_CLUSTER_DIR = Path(__file__).resolve().parent / "mock_clusters"
@@ -22,7 +24,6 @@ MOCK_CLUSTERS = {
     "n150": MOCK_CLUSTER_DIR / "wormhole_N150.yaml",
     "p150": MOCK_CLUSTER_DIR / "blackhole_P150.yaml",
 }
-DEFAULT_MOCK_BOARD = "n150"
 TT_DEVICE_NODES = Path("/dev/tenstorrent")
 
 
@@ -35,11 +36,11 @@ def ensure_host_cluster() -> str | None:
     """Set the mock cluster descriptor when needed; return the descriptor path in force (None on a card).
 
     ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole)."""
-    if os.environ.get(MOCK_CLUSTER_ENV):
-        return os.environ[MOCK_CLUSTER_ENV]
+    if envs.TT_METAL_MOCK_CLUSTER_DESC_PATH:
+        return envs.TT_METAL_MOCK_CLUSTER_DESC_PATH
     if tenstorrent_card_present():
         return None
-    board = os.environ.get(MOCK_BOARD_ENV, DEFAULT_MOCK_BOARD).lower()
+    board = envs.TT_MOCK_BOARD.lower()
     if board not in MOCK_CLUSTERS:
         raise ValueError(f"{MOCK_BOARD_ENV}={board!r}: expected one of {sorted(MOCK_CLUSTERS)}")
     os.environ[MOCK_CLUSTER_ENV] = str(MOCK_CLUSTERS[board])

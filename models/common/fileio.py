@@ -11,8 +11,9 @@ the same way, so the rules live here once:
   leaves at most a stray ``*.tmp.*`` file that no reader ever opens.
 * **Locks** are ``flock`` on a dedicated lock file: released by the kernel when the holder dies,
   so a killed writer never wedges the next one.
-* **Hashing** streams files in 1 MiB blocks: SHA-256 where a format promises SHA-256, and the much
-  faster BLAKE3 for bulk content digests of large weight files.
+* **Hashing** reads files in large blocks (never maps them: a file truncated under a mapping kills
+  the process): SHA-256 where a format promises SHA-256, and the much faster, multi-threaded
+  BLAKE3 for content digests of weight files.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import blake3
 
-HASH_BLOCK_BYTES = 1 << 20
 TEMP_MARK = ".tmp."
 
 
@@ -165,13 +167,24 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = 
             os.close(fd)
 
 
+def open_lock_file(lock_path: Path, *, create: bool = True) -> int:
+    """Open a lock file for ``flock``: read-write where possible, because NFSv4 grants an exclusive
+    lock only on a descriptor open for writing (and refuses it on a read-only one with EBADF);
+    read-only where the file is another user's (a local file system locks it just the same).
+    Raises ``OSError`` when neither works."""
+    try:
+        return os.open(lock_path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except PermissionError:
+        return os.open(lock_path, os.O_RDONLY)
+
+
 @contextlib.contextmanager
 def file_lock(lock_path: Path, *, blocking: bool = True) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``lock_path`` for the block.
 
     Yields True when the lock is held; with ``blocking=False`` yields False instead of waiting
     when another holder has it."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(lock_path)
     try:
         if blocking:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -180,30 +193,52 @@ def file_lock(lock_path: Path, *, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)
 
 
-def _hash_file(path: Path, hasher) -> str:
-    with open(path, "rb", buffering=0) as stream:
-        buffer = bytearray(HASH_BLOCK_BYTES)
-        view = memoryview(buffer)
+CONTENT_DIGEST_ALGORITHM = "blake3"
+HASH_READ_BYTES = 8 << 20  # large reads let BLAKE3 hash on every core
+
+
+PARALLEL_HASH_BYTES = 4 << 20  # below this, BLAKE3's worker threads cost more than they save
+
+
+def _hasher(algorithm: str, size: int) -> Any:
+    if algorithm == "blake3":
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if size >= PARALLEL_HASH_BYTES else 1)
+    return hashlib.new(algorithm)
+
+
+def digest_fd(fd: int, algorithm: str = CONTENT_DIGEST_ALGORITHM) -> str:
+    """Hex digest of everything readable from an open file, read (not mapped: a file truncated
+    under a mapping would kill the process with SIGBUS) in large blocks."""
+    size = os.fstat(fd).st_size
+    hasher = _hasher(algorithm, size)
+    buffer = bytearray(min(HASH_READ_BYTES, max(size, 1 << 16)))
+    view = memoryview(buffer)
+    with open(fd, "rb", buffering=0, closefd=False) as stream:
         while count := stream.readinto(buffer):
             hasher.update(view[:count])
     return hasher.hexdigest()
 
 
+def digest_file(path: Path, algorithm: str = CONTENT_DIGEST_ALGORITHM) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return digest_fd(fd, algorithm)
+    finally:
+        os.close(fd)
+
+
 def sha256_file(path: Path) -> str:
     """SHA-256 hex digest of a file's bytes."""
-    return _hash_file(path, hashlib.sha256())
+    return digest_file(path, "sha256")
 
 
 def sha256_bytes(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-CONTENT_DIGEST_ALGORITHM = "blake3"
-
-
 def content_digest_file(path: Path) -> str:
     """Fast content digest (BLAKE3, several GB/s) of a large file."""
-    return _hash_file(path, blake3.blake3())
+    return digest_file(path, CONTENT_DIGEST_ALGORITHM)
 
 
 FLUSH_THREADS = 8
@@ -263,3 +298,39 @@ def lock_held_elsewhere(lock_path: Path) -> bool:
         return not try_flock(fd, exclusive=False)
     finally:
         os.close(fd)  # closing releases a shared lock we may have taken
+
+
+def unlink_beneath(root: Path, relative: str) -> bool:
+    """Delete the regular file ``root/relative``, reaching it without following any symlink below
+    ``root`` (each directory is opened ``O_NOFOLLOW`` relative to the one before, so a symlink
+    swapped in meanwhile cannot redirect the unlink). False when it is absent or not a regular
+    file reached that way; other errors raise."""
+    parts = [part for part in relative.split("/") if part]
+    if not parts or any(part in (".", "..") for part in parts):
+        return False
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            except OSError as error:
+                if error.errno == errno.ELOOP:  # a symlinked directory: not ours to follow
+                    return False
+                raise
+            os.close(fd)
+            fd = child
+        try:
+            info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        try:
+            os.unlink(parts[-1], dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)

@@ -3,8 +3,8 @@
 children that report it.
 
 Why not ``resource.getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries it across fork and exec, so a
-child started by a parent that once held 3.7 GB reports at least 3.7 GB whatever it did itself (a
-bare ``import torch, ttnn`` showed 2,507 MiB after its parent made a 1.6 GB checkpoint). ``VmHWM``
+child started by a parent that once held many GB reports at least that much whatever it did itself
+(a bare ``import torch, ttnn`` then looks like a model load). ``VmHWM``
 in ``/proc/<pid>/status`` belongs to the address space, which exec replaces: it is the process's
 own peak. The demo and every benchmark take their memory figures from here.
 

@@ -11,15 +11,10 @@ chunk's reads with ``posix_fadvise(WILLNEED)`` (readahead into the page cache, n
 space), so the disk always has the next few chunks in flight, in the consumer's order. The
 consumer then finds its pages resident or already being read.
 
-Measured here (``scripts/bench_prefetch.py``, Gemma 3 270M bfloat8_b, 592 MiB, 2 cores) it does
-not pay yet, so it is **off by default** (``prefetch=4`` or ``TT_PREFETCH_THREADS=4`` turns it
-on): the kernel's own readahead (``read_ahead_kb`` is 8 MiB on this disk) already brings a
-sequential consumer to 1.3-1.6x the parallel-``cat`` floor on an evicted cache, prefetching
-reached 1.05x in one single-round run but 1.5-1.8x in three-round runs, and on a warm page cache
-the threads slowed a read of every byte from 0.14 to 0.44 s (each chunk's ``open``/``fadvise``
-takes the GIL back from the consumer). Synchronous ``MADV_POPULATE_READ`` chunks were worse
-(1.2x evicted, 1.5x slower warm); issuing every ``fadvise`` inline in the loader cost nothing
-warm (0.97x) and gained nothing evicted.
+It is **off by default** (``prefetch=4`` or ``TT_PREFETCH_THREADS=4`` turns it on): measured
+side by side (``scripts/bench_prefetch.py``, figures in docs/weight-cache.md), the kernel's own
+readahead already serves a sequential consumer nearly as well on an evicted cache, and on a warm
+page cache the threads slow the consumer down (each chunk's ``open``/``fadvise`` takes the GIL).
 """
 
 from __future__ import annotations
@@ -31,15 +26,16 @@ from collections.abc import Iterable
 
 from loguru import logger
 
+from models.common import envs
+
 DEFAULT_THREADS = 0  # off unless asked for: see the measurements in the module doc
-THREADS_ENV = "TT_PREFETCH_THREADS"
 CHUNK_BYTES = 8 << 20
 
 
 def prefetch_threads(requested: int | None) -> int:
     """Threads to prefetch with: ``requested``, else ``$TT_PREFETCH_THREADS``, else 0 (off)."""
     if requested is None:
-        text = os.environ.get(THREADS_ENV, "")
+        text = envs.TT_PREFETCH_THREADS
         requested = int(text) if text.strip().isdigit() else DEFAULT_THREADS
     if requested < 0:
         raise ValueError(f"prefetch threads must be >= 0, got {requested}")

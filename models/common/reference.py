@@ -20,25 +20,33 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from models.common.decoder import kv_heads_per_column
+from models.common.decoder import column_heads
 from models.common.loader import LoadedModel
-from models.common.mesh import column_blocks
-from models.common.tensor_cache import host_shards
+from models.common.sharding import column_blocks
+from models.common.weight_cache.tensor_cache import host_shards
 
 
 class CachedWeights:
-    """Torch views of a loaded model's ttnn weights, per mesh column, in fp32."""
+    """Torch views of a loaded model's ttnn weights, per mesh column, in fp32.
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    ``keep_fp32`` keeps every weight's fp32 columns after first use: fastest, and 4 bytes a
+    parameter. Without it nothing is kept: each use reads the ttnn tensor back and widens it (for a
+    few forwards of a model whose fp32 copy would not fit beside everything else: Qwen2.5-Coder
+    1.5B's is 7 GB)."""
+
+    def __init__(self, loaded: LoadedModel, keep_fp32: bool = True) -> None:
         self.loaded = loaded
+        self.keep_fp32 = keep_fp32
         self._columns: dict[str, list[torch.Tensor]] = {}
 
     def columns(self, name: str) -> list[torch.Tensor]:
-        if name not in self._columns:
-            shards = [s.float() for s in host_shards(self.loaded.weights[name])]
-            placement = self.loaded.formats[name].placement
-            self._columns[name] = column_blocks(shards, placement, self.loaded.mesh_shape)
-        return self._columns[name]
+        if name in self._columns:
+            return self._columns[name]
+        shards = [s.float() for s in host_shards(self.loaded.weights[name])]
+        columns = column_blocks(shards, self.loaded.formats[name].placement, self.loaded.mesh_shape)
+        if self.keep_fp32:
+            self._columns[name] = columns
+        return columns
 
     def full(self, name: str) -> torch.Tensor:
         """A replicated (or expert-parallel, rejoined) weight; host-consumed weights come from the
@@ -150,8 +158,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 class ReferenceDecoder:
     """Tensor-parallel host forward of a Llama / Qwen3 / Qwen3-MoE / Gemma3 decoder."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
-        self.w = CachedWeights(loaded)
+    def __init__(self, loaded: LoadedModel, keep_fp32: bool = True) -> None:
+        self.w = CachedWeights(loaded, keep_fp32)
         self.args = loaded.args
         self.cols = loaded.mesh_shape[1]
         text = self.args.config.get("text_config") or self.args.config
@@ -196,23 +204,20 @@ class ReferenceDecoder:
         sliding = self.args.layer_type(layer) == "sliding_attention"
         inv_freq, rope_scale = self._rotary(sliding, x.shape[0])
         scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
-        per_q = a.n_heads // self.cols
-        kv_of_column = kv_heads_per_column(a.n_kv_heads, self.cols)
-        group = a.n_heads // a.n_kv_heads
+        columns = column_heads(a.n_heads, a.n_kv_heads, self.cols)
         mask = causal_mask(x.shape[0], self.args.sliding_window if sliding else None)
         out = torch.zeros_like(x)
-        for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
-            kv_heads = kv_of_column[c]
+        for c, (column, wqkv, wo) in enumerate(zip(columns, self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
             qkv = x @ wqkv
             if self.w.has(p + "bqkv"):  # the bias of this column's heads (Qwen2)
                 qkv = qkv + self.w.columns(p + "bqkv")[c].reshape(-1)
-            q, k, v = qkv.split([per_q * a.head_dim, len(kv_heads) * a.head_dim, len(kv_heads) * a.head_dim], -1)
-            q, k, v = (t.reshape(x.shape[0], -1, a.head_dim) for t in (q, k, v))
+            n_q, n_kv = len(column.q) * a.head_dim, len(column.kv) * a.head_dim
+            q, k, v = (t.reshape(x.shape[0], -1, a.head_dim) for t in qkv.split([n_q, n_kv, n_kv], -1))
             if self.w.has(p + "q_norm"):
                 q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
             q, k = (apply_rope(t, positions, inv_freq, rope_scale) for t in (q, k))
-            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
+            local = list(column.q_to_kv)
             out += attend(q, k[:, local], v[:, local], mask, scale) @ wo
         return out
 
@@ -256,7 +261,11 @@ class ReferenceDecoder:
 
     def logits(self, tokens: Sequence[int]) -> torch.Tensor:
         """``[T, vocab]`` logits of a prompt."""
-        x = rms_norm(self.hidden_states(torch.as_tensor(list(tokens))), self.w.vector("norm"), self.args.norm_eps)
+        return self.output_logits(self.hidden_states(torch.as_tensor(list(tokens))))
+
+    def output_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head (column shards concatenated) and logit soft-capping of hidden states."""
+        x = rms_norm(x, self.w.vector("norm"), self.args.norm_eps)
         logits = torch.cat([x @ head for head in self.w.columns("output")], dim=-1)
         cap = self.text_config.get("final_logit_softcapping")
         return torch.tanh(logits / cap) * cap if cap else logits
@@ -281,8 +290,8 @@ class ReferenceDecoder:
     def greedy(self, tokens: Sequence[int], steps: int) -> list[int]:
         """``steps`` greedy next tokens (full recompute each step: this is a checker, not a server)."""
         tokens, out = list(tokens), []
-        for _ in range(steps):
-            nxt = int(self.logits(tokens)[-1].argmax())
+        for _ in range(steps):  # the LM head of the last position only: the rest is not needed
+            nxt = int(self.output_logits(self.hidden_states(torch.as_tensor(tokens))[-1:])[0].argmax())
             tokens.append(nxt)
             out.append(nxt)
         return out

@@ -67,10 +67,11 @@ from models.common.decoder import (
     HF_DECODER_RULES,
     ROUTER_FORMAT,
     DecoderLoader,
+    column_blocked_output,
     fuse_qkv,
     norm_for_device,
 )
-from models.common.loader import WeightSink
+from models.common.conversion import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
 from models.common.weight_cache import fp32_elementwise
@@ -181,7 +182,6 @@ class Gemma4Loader(DecoderLoader):
 
     family = "gemma4"
     key_rules = language_model_rules(GEMMA4_TEXT_RULES + GEMMA_NORM_RULES + HF_DECODER_RULES) + GEMMA4_VISION_RULES
-    all_components = ("text", "vision")
     layer_norms = ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm")
 
     def __init__(self, model: str | os.PathLike, *, components: Iterable[str] | None = None, **options: Any) -> None:
@@ -237,7 +237,8 @@ class Gemma4Loader(DecoderLoader):
         layer_args = replace(args, head_dim=shape.head_dim, n_kv_heads=shape.n_kv_heads)
         fused = fuse_qkv(state[p + "wq.weight"], wk, wv, layer_args, self.mesh_shape[1])
         sink.put(p + shape.fused_name, fused, self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "wo", state[p + "wo.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], layer_args, self.mesh_shape[1]),
+                 self.linear_format(ROW_PARALLEL))
         for name in ("q_norm",) if shape.kv_shared else ("q_norm", "k_norm"):
             sink.put(p + name, self.norm(state[f"{p}{name}.weight"]), self.norm_format)
 

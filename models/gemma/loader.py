@@ -22,7 +22,7 @@ from models.common.checkpoint import KeyRule
 from models.common.decoder import HF_DECODER_RULES, DecoderLoader, norm_for_device
 from models.common.mesh import REPLICATED
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import TensorFormat
+from models.common.weight_cache.tensor_cache import TensorFormat
 from models.common.weight_cache import fp32_elementwise
 
 GEMMA_NORM_RULES = (

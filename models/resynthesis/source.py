@@ -2,8 +2,10 @@
 """What a training loop asks for: the frozen parent's features and logits of a batch of prompts.
 
 With the cache on, a prompt is served by the in-memory ``BaseForwardCache`` (read-only views),
-else by the durable sidecar (memory-mapped, SHA-256 checked), else computed by one parent
-prefill; a batch's misses are stored as one wave. With the cache off, every prompt is a prefill.
+else by the durable sidecar (memory-mapped, SHA-256 checked), else by another producer that is
+computing it right now (waited for), else computed by one parent prefill; a batch's misses are
+stored as one wave (:meth:`FeatureProducer.obtain`). A store that fails keeps the features in
+memory (the producer says so). With the cache off, every prompt is a prefill.
 Both paths hand out the same bytes: features are always cast to the cache's feature dtype and
 parent logits are always computed from the (cast) final state, so a run's loss does not depend
 on whether the cache was on.
@@ -13,14 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from models.common.prefill_cache import (
     BaseForwardCache,
     BaseForwardCacheEntry,
-    FrozenBackboneFeatureSidecar,
     FrozenBackbonePrefillPacket,
     base_forward_cache_capacity_boundary,
 )
@@ -34,10 +34,13 @@ class SourceStats:
     lru_misses: int = 0
     disk_hits: int = 0
     disk_misses: int = 0
+    waited: int = 0  # of the disk hits, features another producer computed while this one waited
+    unstored: int = 0  # prefills whose features could not be stored (kept in memory only)
     prefills: int = 0  # parent prefills computed through this source
     feature_seconds: float = 0.0  # time spent getting parent features (lookups, prefills, stores)
     prefill_seconds: float = 0.0  # of which computing prefills
     store_seconds: float = 0.0  # of which storing waves
+    wait_seconds: float = 0.0  # of which waiting for another producer's features
     head_seconds: float = 0.0  # parent logits from a final state (the frozen LM head; not a prefill)
 
     def to_json(self) -> dict[str, object]:
@@ -63,45 +66,46 @@ class ParentFeatureSource:
 
     def batch(self, prompts: list[torch.Tensor]) -> list[BaseForwardCacheEntry]:
         start, head_before = time.perf_counter(), self.stats.head_seconds
+        if self.producer.threads is not None:
+            self.producer.threads.refresh()
         results: list[BaseForwardCacheEntry | None] = [None] * len(prompts)
-        keys = [self.lru.key_boundary(*prompt_tensors(tokens))[0] for tokens in prompts] if self.cache else []
-        wave: dict[Path, tuple[FrozenBackboneFeatureSidecar, FrozenBackbonePrefillPacket]] = {}
-        for index, tokens in enumerate(prompts):
-            if self.cache:
-                results[index] = self.lru.lookup(keys[index])
-                if results[index] is not None:
-                    self.stats.lru_hits += 1
-                    continue
-                self.stats.lru_misses += 1
-            packet = self._packet(tokens, wave)
-            entry = self._entry(tokens, packet)
-            if self.cache:
-                self.lru.store(keys[index], entry)
-            results[index] = entry
-        if wave:
-            store_start = time.perf_counter()
-            FrozenBackboneFeatureSidecar.store_batch_boundary(tuple(wave.values()))
-            self.stats.store_seconds += time.perf_counter() - store_start
+        if not self.cache:
+            for index, tokens in enumerate(prompts):
+                prefill_start = time.perf_counter()
+                packet = self.producer.compute(tokens)
+                self.stats.prefill_seconds += time.perf_counter() - prefill_start
+                self.stats.prefills += 1
+                results[index] = self._entry(tokens, packet)
+        else:
+            keys = [self.lru.key_boundary(*prompt_tensors(tokens))[0] for tokens in prompts]
+            missing = []
+            for index, key in enumerate(keys):
+                results[index] = self.lru.lookup(key)
+                if results[index] is None:
+                    missing.append(index)
+            self.stats.lru_hits += len(prompts) - len(missing)
+            self.stats.lru_misses += len(missing)
+            if missing:
+                self._serve(prompts, keys, missing, results)
         self.stats.feature_seconds += time.perf_counter() - start - (self.stats.head_seconds - head_before)
         return results  # type: ignore[return-value]
 
-    def _packet(self, tokens: torch.Tensor, wave: dict) -> FrozenBackbonePrefillPacket:
-        sidecar = self.producer.sidecar(tokens)
-        if self.cache:
-            if sidecar.paths.root in wave:
-                return wave[sidecar.paths.root][1]
-            stored = self.producer.stored(sidecar)
-            if stored is not None:
-                self.stats.disk_hits += 1
-                return stored
-            self.stats.disk_misses += 1
-        start = time.perf_counter()
-        packet = self.producer.compute(tokens, sidecar)
-        self.stats.prefill_seconds += time.perf_counter() - start
-        self.stats.prefills += 1
-        if self.cache:
-            wave[sidecar.paths.root] = (sidecar, packet)
-        return packet
+    def _serve(self, prompts: list[torch.Tensor], keys: list, missing: list[int],
+               results: list[BaseForwardCacheEntry | None]) -> None:
+        """Memory misses: from disk, another producer, or a prefill (stored as one wave)."""
+        obtained = self.producer.obtain([prompts[index] for index in missing])
+        self.stats.disk_hits += obtained.found + obtained.waited
+        self.stats.disk_misses += obtained.computed
+        self.stats.waited += obtained.waited
+        self.stats.unstored += obtained.unstored
+        self.stats.prefills += obtained.computed
+        self.stats.prefill_seconds += obtained.compute_seconds
+        self.stats.store_seconds += obtained.store_seconds
+        self.stats.wait_seconds += obtained.wait_seconds
+        for index, packet in zip(missing, obtained.packets, strict=True):
+            entry = self._entry(prompts[index], packet)
+            self.lru.store(keys[index], entry)
+            results[index] = entry
 
     def _entry(self, tokens: torch.Tensor, packet: FrozenBackbonePrefillPacket) -> BaseForwardCacheEntry:
         final = packet.final_hidden_t.reshape(1, -1)

@@ -1,17 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Seeding: building a model's weight cache as a job of its own, not as a side effect of a load.
 
-* :mod:`models.seeding.stream`: the single-process streaming seed (``WeightLoader.seed``):
-  memory flat in model size.
-* :mod:`models.seeding.weights`: the plan of one build (which weights, from which checkpoint
-  tensors) and the partitioned conversion that lets several processes share it.
+* ``WeightLoader.seed`` (:mod:`models.common.loader`): the single-process streaming seed, memory
+  flat in model size; :mod:`models.common.build_plan`: the plan of one build and the partitioned
+  conversion that lets several processes share it.
 * :mod:`models.seeding.ray_seed`: that conversion as Ray tasks, on a local Ray instance or a cluster.
-* CI and fleet operations behind ``tt-cache``: :mod:`~models.seeding.plan` (models x meshes x
-  precisions), :mod:`~models.seeding.runner` and :mod:`~models.seeding.worker` (one process per
-  seed, watched by the stall watchdog of :mod:`~models.seeding.progress`),
-  :mod:`~models.seeding.report` (JSON, JUnit), :mod:`~models.seeding.scan`,
-  :mod:`~models.seeding.verify`, :mod:`~models.seeding.gc` and :mod:`~models.seeding.clean`.
-  Those that only read caches import neither torch nor ttnn (keep this package's import light).
+* CI jobs behind ``tt-cache seed``: :mod:`~models.seeding.plan` (models x meshes x precisions),
+  :mod:`~models.seeding.runner` and :mod:`~models.seeding.worker` (one process per seed, watched
+  by the stall watchdog of :mod:`~models.seeding.progress`), :mod:`~models.seeding.report` (JSON,
+  JUnit). Keep this package's import light: ``tt-cache`` imports submodules of it.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the package import stays light: tt-cache ls/check import submodules of it
-    from models.seeding.stream import SeedResult
+if TYPE_CHECKING:  # the package import stays light: tt-cache imports submodules of it
+    from models.common.loader import SeedResult
 
 
 def seed_models(loaders: Sequence[Any], *, workers: int = 1, address: str | None = None,

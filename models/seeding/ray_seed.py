@@ -5,16 +5,18 @@ The driver plans each cold variant (:func:`~models.seeding.weights.plan_weights`
 splits the plan into tasks of about equal checkpoint bytes and submits them all; each task
 rebuilds the loader in its worker, runs the family's ``convert`` converting only its own weights
 (:class:`~models.seeding.weights.PartSink`) and writes them into the shared cache directory with
-the same atomic publish as any cold build, returning ``{file: digest}``. As in any cold build,
-the driver holds each variant's build lock from its check to its marker and the tasks write into
-a fresh build generation (readers keep the previous one meanwhile). The driver writes the host
-sidecar, then, per variant, checks that every planned file is there with the reported size and
-content digest, writes the marker once and retires old generations. Nothing is marked unless
-every task of the variant succeeded.
+the same atomic publish as any cold build, returning the files it wrote and their sizes. Each
+variant is one :class:`~models.common.weight_cache.build.BuildTransaction`, held by the driver:
+the build lock from its check to its marker, one fresh generation the tasks write into (readers
+keep the previous one meanwhile), the host sidecar written by the driver, then the commit, which
+hashes and stamps every planned file (a missing one fails it) and publishes the marker once.
+Nothing is marked unless every task of the variant succeeded, and a variant that fails leaves
+no files behind.
 
 Ray is the scheduler (no home-made one): a worker killed mid-task is retried by Ray
 (``max_retries``); the files a killed attempt already published are rewritten with identical
-bytes, and its temp files are debris no reader opens (``tt-cache clean`` removes them).
+bytes, and its temp files are removed with the generation if the variant fails, or by
+``tt-cache clean``.
 
 * ``workers=N``: a local Ray instance with N CPUs (this host).
 * ``address="ray://host:10001"`` or ``"auto"``: join an existing cluster. Every node then needs
@@ -34,18 +36,18 @@ from typing import Any
 
 from loguru import logger
 
-from models.common.checkpoint import CheckpointError, CheckpointReader
-from models.common.fileio import content_digest_file
-from models.common.generations import build_lock, new_generation, retire_generations
-from models.common.loader import STREAM_PENDING_BYTES, LazyStateDict, WeightLoader
-from models.common.tensor_cache import tensorbin_name
-from models.common.weight_cache import WeightCacheError, write_host_sidecar
-from models.seeding.stream import SeedResult, return_freed_buffers
-from models.seeding.weights import PlannedWeight, partition, plan_weights
+from models.common.build_plan import PlannedWeight, partition, plan_weights
+from models.common.checkpoint import CheckpointError
+from models.common.loader import STREAM_PENDING_BYTES, SeedResult, WeightLoader, return_freed_buffers
+from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.host_sidecar import write_host_sidecar
+from models.common.weight_cache.marker import WeightCacheError
+from models.common.weight_cache.tensor_cache import tensorbin_name
 
 TASKS_PER_WORKER = 3  # a few tasks per worker: balance, and a retry redoes only a small part
 TASK_RETRIES = 3
-OBJECT_STORE_BYTES = 128 << 20  # tasks return only digests
+OBJECT_STORE_BYTES = 128 << 20  # tasks return only file names and sizes
 
 
 class SeedError(RuntimeError):
@@ -78,14 +80,15 @@ class LoaderSpec:
 def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[str, Any]:
     """One task: convert the weights ``names`` of ``spec``'s build into ``target_dir``.
 
-    Runs in a Ray worker (or anywhere): returns ``{"digests": {file: digest}, "sizes": {file:
-    bytes}, "from_torch": s, "pid": pid}``. Memory stays bounded as in the streaming seed."""
+    Runs in a Ray worker (or anywhere): returns ``{"sizes": {file: bytes}, "from_torch": s,
+    "pid": pid}``. Memory stays bounded as in the streaming seed."""
     from models.common.device_env import ensure_host_cluster
 
     ensure_host_cluster()
     return_freed_buffers()
-    from models.common.tensor_cache import TensorCache, conversion_threads
-    from models.seeding.weights import PartSink, PartState
+    from models.common.build_plan import PartSink, PartState
+    from models.common.conversion import LazyStateDict
+    from models.common.weight_cache.tensor_cache import TensorCache, conversion_threads
 
     loader = spec.make()
     args = loader.make_args(loader.model_config(), loader.num_layers)
@@ -101,14 +104,14 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     except BaseException:
         cache.abort()
         raise
-    digests = cache.finish()
+    written = cache.finish()
     reader.close()
     if cache.write_errors:
         raise OSError(f"cannot write {target_dir}: {cache.write_errors[0]}")
     if sorted(sink.done) != sorted(names):
         raise RuntimeError(f"task converted {len(sink.done)} of its {len(names)} weights")
-    sizes = {rel: os.stat(os.path.join(target_dir, rel)).st_size for rel in digests}
-    return {"digests": digests, "sizes": sizes, "from_torch": cache.convert_seconds, "pid": os.getpid()}
+    sizes = {rel: os.stat(os.path.join(target_dir, rel)).st_size for rel in written}
+    return {"sizes": sizes, "from_torch": cache.convert_seconds, "pid": os.getpid()}
 
 
 def _warm_worker(seconds: float) -> int:
@@ -147,47 +150,45 @@ class _Variant:
     args: Any
     reason: str
     plan: list[PlannedWeight]
-    generation: str
+    build: BuildTransaction
+    root: Path
     start: float
     failed: str | None = None
     result: SeedResult | None = None
 
-    @property
-    def root(self) -> Path:
-        return self.loader.cache_dir / self.generation
 
-
-def _prepare(loader: WeightLoader, start: float, locks: contextlib.ExitStack) -> _Variant | SeedResult:
-    """The gate's verdict; for a cold variant, take its build lock (held in ``locks`` until it is
-    marked), check again, plan the build and open a fresh generation for it."""
+def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitStack) -> _Variant | SeedResult:
+    """The gate's verdict; for a cold variant, open its build transaction (held in
+    ``transactions`` until it is committed), check again under its lock, plan the build and open
+    the generation the tasks write into."""
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
-    if status.warm:
+    if status.warm and not loader.forced:
         return SeedResult(loader.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
     if not loader.has_checkpoint_weights:
         raise CheckpointError(f"{loader.model}: the cache is cold ({status.reason}) and no checkpoint weights are here")
-    if not locks.enter_context(build_lock(loader.cache_dir)):
-        raise OSError(f"cannot take the build lock of {loader.cache_dir} (not writable)")
-    forced = bool(loader.force_env) and os.environ.get(loader.force_env) == "1"
+    build = transactions.enter_context(BuildTransaction(loader.paths))
+    if not build.locked:
+        raise OSError(f"cannot take the build lock of {loader.cache_dir} ({build.lock.why})")
     again = loader.status(args)
-    if again.warm and not forced:  # another builder finished while this one waited
+    if again.warm and not loader.forced:  # another builder finished while this one waited
         return SeedResult(loader.cache_dir, True, again.reason, True, 0, 0, time.perf_counter() - start)
     plan = plan_weights(loader, args)
-    return _Variant(loader, args, status.reason, plan, new_generation(loader.cache_dir), start)
+    return _Variant(loader, args, status.reason, plan, build, build.open_generation(), start)
 
 
 def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: str | None = None,
                 progress: Any = None, tasks_per_worker: int = TASKS_PER_WORKER) -> list[SeedResult]:
     """Seed every loader's cache with Ray tasks; one :class:`SeedResult` per loader, in order.
 
-    Raises :class:`SeedError` after marking every variant that did succeed, if any failed."""
-    with contextlib.ExitStack() as locks:
+    Raises :class:`SeedError` after committing every variant that did succeed, if any failed."""
+    with contextlib.ExitStack() as transactions:
         start = time.perf_counter()
         prepared: list[_Variant | SeedResult | None] = []
         failed: list[str] = []
         for loader in loaders:
             try:
-                prepared.append(_prepare(loader, start, locks))
+                prepared.append(_prepare(loader, start, transactions))
             except (CheckpointError, WeightCacheError, ValueError, OSError) as error:
                 prepared.append(None)
                 failed.append(f"{loader.cache_dir}: {type(error).__name__}: {error}")
@@ -201,7 +202,7 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
 
 def _run(variants: list[_Variant], workers: int, address: str | None, progress: Any,
          tasks_per_worker: int) -> list[str]:
-    """Submit every variant's tasks, collect, verify and mark; return the failures."""
+    """Submit every variant's tasks, collect, then commit each variant; return the failures."""
     import ray
 
     timings = {"ray_start": start_ray(workers, address)}
@@ -220,7 +221,7 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
         for names in partition(variant.plan, workers * tasks_per_worker):
             owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
     host = {id(v): _write_sidecar(v) for v in variants}  # the driver's share, overlapped with the tasks
-    collected = {id(v): {"digests": dict(host[id(v)][1]), "sizes": {}, "from_torch": 0.0} for v in variants}
+    collected = {id(v): {"sizes": {}, "from_torch": 0.0} for v in variants}
     waiting = list(owner)
     while waiting:
         done, waiting = ray.wait(waiting, num_returns=1)
@@ -231,7 +232,6 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
             variant.failed = variant.failed or f"{type(error).__name__}: {error}"
             continue
         got = collected[id(variant)]
-        got["digests"] |= part["digests"]
         got["sizes"] |= part["sizes"]
         got["from_torch"] += part["from_torch"]
         if progress is not None:
@@ -243,60 +243,47 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
         progress.finish()
     for variant in variants:
         got = collected[id(variant)]
-        variant.result = _finish(variant, host[id(variant)][0], got, dict(timings, from_torch=got["from_torch"]))
+        variant.result = _finish(variant, *host[id(variant)], got, dict(timings, from_torch=got["from_torch"]))
     return [f"{v.loader.cache_dir}: {v.failed}" for v in variants if v.failed]
 
 
-def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], dict[str, str]]:
-    """The host weights (read from the checkpoint) and their sidecar's digest, written now."""
+def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], str | None]:
+    """The host weights (read from the checkpoint) and their sidecar's name, written now."""
     loader = variant.loader
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
     host = {key: reader.get(key) for key in reader.keys() if loader.is_host_weight(key)}
     if not host:
-        return host, {}
-    return host, write_host_sidecar(variant.root, host, loader.build_variant)
+        return host, None
+    name = variant.build.paths.host_sidecar_name
+    write_host_sidecar(variant.root / name, host)
+    return host, name
 
 
-def _finish(variant: _Variant, host: dict[str, Any], got: dict[str, Any], timings: dict[str, float]) -> SeedResult:
-    """Verify every planned file against what the workers reported; mark the variant once."""
+def _finish(variant: _Variant, host: dict[str, Any], sidecar: str | None, got: dict[str, Any],
+            timings: dict[str, float]) -> SeedResult:
+    """Commit the variant (its transaction hashes every planned file; a missing one fails it)."""
+    from models.common.conversion import LazyStateDict
+
     loader = variant.loader
     written = sum(got["sizes"].values())
     files = [tensorbin_name(w.name, w.fmt) for w in variant.plan]
     complete = False
     if variant.failed is None:
         t = time.perf_counter()
-        problem = _verify(variant.root, files, got)
-        timings["verify"] = time.perf_counter() - t
-        if problem:
-            variant.failed = problem
+        missing = [f for f in files if f not in got["sizes"]]
+        if missing:
+            variant.failed = f"{len(missing)} planned files were not written (first: {missing[0]})"
         else:
             reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
-            recorded = [f"{variant.generation}/{name}" for name in files]
-            loader._mark_complete(variant.args, LazyStateDict(reader), host, recorded, got["digests"], variant.generation)
-            complete = loader.status(variant.args).warm
-    retire_generations(loader.cache_dir)  # the previous generation once marked; this one if it failed
-    sidecar = sum(os.stat(variant.root / name).st_size for name in got["digests"]
-                  if name not in got["sizes"] and (variant.root / name).exists())
+            try:
+                variant.build.commit(loader.draft_marker(variant.args, LazyStateDict(reader), host), files, sidecar)
+                complete = loader.status(variant.args).warm
+            except OSError as error:
+                variant.failed = f"cannot complete the cache ({error})"
+        timings["commit"] = time.perf_counter() - t
+    sidecar_bytes = os.stat(variant.root / sidecar).st_size if complete and sidecar else 0
     seconds = time.perf_counter() - variant.start
     logger.info(f"{loader.model_name}: Ray seed {'complete' if complete else 'not complete'}, {len(got['sizes'])} "
                 f"files, {written / 2**20:,.0f} MiB in {seconds:.2f} s")
-    return SeedResult(loader.cache_dir, False, variant.reason, complete, len(got["digests"]), written + sidecar,
-                      seconds, timings)
-
-
-def _verify(root: Path, files: list[str], got: dict[str, Any]) -> str | None:
-    """Every planned file written, with the size and content the worker reported (re-hashed here)."""
-    missing = [f for f in files if f not in got["digests"]]
-    if missing:
-        return f"{len(missing)} planned files were not written (first: {missing[0]})"
-    for relative in files:
-        path = root / relative
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            return f"{relative} reported written but is missing"
-        if size != got["sizes"][relative]:
-            return f"{relative} is {size} bytes, its worker reported {got['sizes'][relative]}"
-        if content_digest_file(path) != got["digests"][relative]:
-            return f"{relative} differs from the digest its worker reported"
-    return None
+    return SeedResult(loader.cache_dir, False, variant.reason, complete, len(got["sizes"]) + bool(sidecar_bytes),
+                      written + sidecar_bytes, seconds, timings)

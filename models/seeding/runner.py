@@ -5,7 +5,8 @@ one in its own worker process, watched for progress and stalls.
 A worker process per seed keeps one model's failure (an exception, a crash in native code, the
 OOM killer, a hang) from touching the others, and lets the watchdog end a stalled seed for
 sure (SIGKILL of its process group) instead of hoping a blocked thread notices an interrupt.
-Imports torch and ttnn (through the loaders).
+The check itself imports neither torch nor ttnn (:class:`~models.common.weight_cache.request.
+CacheRequest`): ``seed --check`` runs on a light install. Only ``tt-cache build`` loads a model here.
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import models
+from models.common import envs
 from models.common.checkpoint import CONFIG_FILE, CheckpointError, hub_cache_dir, read_config, resolve_checkpoint_dir
-from models.common.loader import WeightLoader
-from models.common.marker import WeightCacheError
 from models.common.mesh import parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.tensor_cache import PRECISIONS
-from models.registry import FAMILY_LOADERS, family_of, loader_class
+from models.common.weight_cache.layout import PRECISIONS
+from models.common.weight_cache.marker import WeightCacheError
+from models.common.weight_cache.request import CacheRequest
+from models.common.weight_cache.usage import touch_last_used
+from models.registry import FAMILY_LOADERS, family_facts, family_of, loader_class
+
+if TYPE_CHECKING:
+    from models.common.loader import WeightLoader
 from models.seeding.plan import Combination, Plan
 from models.seeding.progress import EventDecoder, ProgressTracker, StallWatchdog
 from models.seeding.report import COLD, FAILED, PARTIAL, SEEDED, STALLED, WARM, CaseResult, SeedReport
@@ -69,14 +75,55 @@ def _family(combination: Combination) -> tuple[str, Path | None]:
         raise SeedInputError(f"{checkpoint / CONFIG_FILE}: {error}") from None
 
 
-def open_model(combination: Combination, cache_root: str | None = None,
-               num_layers: int | None = None) -> tuple[WeightLoader, ModelArgs]:
+@dataclass(frozen=True)
+class OpenedRequest:
+    """A combination's cache, as far as it can be known without torch: the request, and the
+    layers and components a build of it holds."""
+
+    request: CacheRequest
+    n_layers: int
+    components: tuple[str, ...]
+
+    def status(self) -> Any:
+        return self.request.status(self.n_layers, self.components)
+
+
+def open_request(combination: Combination, cache_root: str | None = None) -> OpenedRequest:
+    """The combination's cache request (torch-free), or :class:`SeedInputError` naming what is wrong."""
+    family, checkpoint = _family(combination)
+    try:
+        facts = family_facts(family)
+        request = CacheRequest(combination.model, facts.build_variant(combination.precision), combination.precision,
+                               parse_mesh_shape(combination.mesh), None, Path(cache_root or envs.TT_CACHE_PATH))
+        config = request.model_config()
+        request.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
+        components = tuple(sorted(set(combination.components or facts.default_components(config))))
+    except CheckpointError as error:
+        raise SeedInputError(str(error)) from None
+    except ValueError as error:
+        raise SeedInputError(f"{combination.model}: {error}") from None
+    unknown = set(components) - set(facts.components)
+    if unknown:
+        raise SeedInputError(f"{combination.model}: {family} has no components {sorted(unknown)}; it has "
+                             f"{list(facts.components)}")
+    where = checkpoint / CONFIG_FILE if checkpoint else f"{combination.model} (config kept with its cache)"
+    try:
+        n_layers = ModelArgs.from_hf_config(config).n_layers
+    except KeyError as error:
+        raise SeedInputError(f"{where}: missing field {error} that a {family} model needs") from None
+    except (TypeError, ValueError) as error:
+        raise SeedInputError(f"{where}: unusable for a {family} model ({error})") from None
+    return OpenedRequest(request, n_layers, components)
+
+
+def open_model(combination: Combination, cache_root: str | None = None, num_layers: int | None = None,
+               force: bool | None = None) -> tuple[WeightLoader, ModelArgs]:
     """The combination's loader and architecture, or :class:`SeedInputError` naming what is wrong."""
     family, checkpoint = _family(combination)
     try:
         loader = loader_class(family)(combination.model, mesh_shape=combination.mesh,
                                       precision=combination.precision, cache_root=cache_root,
-                                      num_layers=num_layers, components=combination.components)
+                                      num_layers=num_layers, components=combination.components, force=force)
         config = loader.model_config()
         loader.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
     except CheckpointError as error:
@@ -92,11 +139,11 @@ def open_model(combination: Combination, cache_root: str | None = None,
         raise SeedInputError(f"{where}: unusable for a {family} model ({error})") from None
 
 
-def build_one(combination: Combination, *, cache_root: str | None = None,
-              num_layers: int | None = None) -> CaseResult:
+def build_one(combination: Combination, *, cache_root: str | None = None, num_layers: int | None = None,
+              force: bool | None = None) -> CaseResult:
     """``tt-cache build``: load in this process (warm or cold) and say whether the cache is now warm."""
     start = time.perf_counter()
-    loader, args = open_model(combination, cache_root, num_layers)
+    loader, args = open_model(combination, cache_root, num_layers, force)
     try:
         loaded = loader.load()
     except CheckpointError as error:
@@ -215,22 +262,24 @@ def run_combination(combination: Combination, options: SeedOptions) -> CaseResul
                           written.weights_done if written else 0, written.bytes_done if written else 0)
 
     try:
-        loader, args = open_model(combination, options.cache_root)
+        opened = open_request(combination, options.cache_root)
     except SeedInputError as error:
         return result(FAILED, str(error))
-    status = loader.status(args)
+    cache_dir = opened.request.cache_dir
+    status = opened.status()
     if status.warm:
-        return result(WARM, "", loader.cache_dir)
+        touch_last_used(opened.request.paths)  # a CI check that finds the cache warm is a use: gc keeps it
+        return result(WARM, "", cache_dir)
     if options.check_only:
-        return result(COLD, status.reason, loader.cache_dir)
+        return result(COLD, status.reason, cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
     outcome, reason = run_worker(combination, options, tracker)
     if outcome is not None:
-        return result(outcome, reason, loader.cache_dir, tracker)
-    after = loader.status(args)
+        return result(outcome, reason, cache_dir, tracker)
+    after = opened.status()
     if not after.warm:
-        return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", loader.cache_dir, tracker)
-    return result(SEEDED, "", loader.cache_dir, tracker)
+        return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", cache_dir, tracker)
+    return result(SEEDED, "", cache_dir, tracker)
 
 
 def run_plan(plan: Plan, options: SeedOptions) -> SeedReport:

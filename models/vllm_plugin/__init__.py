@@ -14,10 +14,10 @@ Importing this package imports neither vLLM nor torch.
 from __future__ import annotations
 
 import importlib.util
-import os
+
+from models.common import envs
 
 PLATFORM_CLS = "models.vllm_plugin.platform.TTHostPlatform"
-DISABLE_ENV = "TT_VLLM_HOST_PLATFORM"  # "0": leave the platform choice to vLLM
 
 
 def vllm_available() -> bool:
@@ -26,7 +26,7 @@ def vllm_available() -> bool:
 
 def register() -> str | None:
     """The platform class for vLLM, or None when this machine is not the host platform's to serve."""
-    if not vllm_available() or os.environ.get(DISABLE_ENV, "1") == "0":
+    if not vllm_available() or envs.TT_VLLM_HOST_PLATFORM == "0":
         return None
     from models.common.device_env import tenstorrent_card_present
 
@@ -36,6 +36,9 @@ def register() -> str | None:
 
     if torch.cuda.is_available():
         return None
+    from models.vllm_plugin.engine_exit import freeze_heap_at_exit
+
+    freeze_heap_at_exit()  # a script's exit need not scan vLLM's whole heap for cycles once more
     return PLATFORM_CLS
 
 

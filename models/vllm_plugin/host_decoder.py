@@ -18,7 +18,7 @@ import torch
 
 from models.common.decoder import kv_heads_per_column
 from models.common.loader import LoadedModel
-from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm
+from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm, rope_kind
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
 from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache, position_mask
 
@@ -70,11 +70,12 @@ class PagedAttention:
             out.append(attend(q[seq.rows], keys[:, local], values[:, local], mask, scale))
         return torch.cat(out)
 
-    def run(self, batch: PagedBatch, cache: PagedKVCache) -> torch.Tensor:
-        """``[sequences, vocab]`` logits of each sequence's last new token; the cache is updated."""
+    def run(self, batch: PagedBatch, cache: PagedKVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``[sequences, vocab]`` logits of each sequence's last new token, or of the flat batch
+        ``rows`` asked for (prompt logprobs need every row of a sequence); the cache is updated."""
         self.batch, self.cache = batch, cache
         hidden = self.hidden_states(batch.tokens)  # type: ignore[attr-defined]
-        return self.head(hidden[batch.last_rows])
+        return self.head(hidden[batch.last_rows if rows is None else rows])
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head (column shards concatenated) and logit soft-capping."""
@@ -100,10 +101,7 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
     def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         a, p = self.args, f"layers.{layer}.attention."
         sliding = a.layer_type(layer) == "sliding_attention"
-        positions, rows = self.batch.positions, x.shape[0]
-        # LongRoPE picks its factors by sequence length: the longest context in the batch, as
-        # transformers picks them by the length of the sequence it runs.
-        inv_freq, rope_scale = self._rotary(sliding, int(positions.max()) + 1)
+        rows = x.shape[0]
         scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
         window = a.sliding_window if sliding else None
         per_q, group = a.n_heads // self.cols, a.n_heads // a.n_kv_heads
@@ -118,9 +116,24 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
             if self.w.has(p + "q_norm"):
                 q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
-            q, k = (apply_rope(t, positions, inv_freq, rope_scale) for t in (q, k))
+            q, k = (self.rotate(t, sliding) for t in (q, k))
             local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
             out += self.attend_column(q, k, v, layer, c, local, window, scale) @ wo
+        return out
+
+    def rotate(self, x: torch.Tensor, sliding: bool) -> torch.Tensor:
+        """RoPE at each new token's position. LongRoPE picks its short or long factors per
+        sequence by how far that sequence reaches in this step, as transformers picks them by
+        the furthest position of the sequence it runs (so batching never changes a request's
+        tokens; keys cached earlier keep the factors they were computed with, as in transformers)."""
+        positions = self.batch.positions
+        if rope_kind(self._rope_params("sliding_attention" if sliding else "full_attention")) != "longrope":
+            inv_freq, rope_scale = self._rotary(sliding, 0)
+            return apply_rope(x, positions, inv_freq, rope_scale)
+        out = torch.empty_like(x)
+        for seq in self.batch.sequences:
+            inv_freq, rope_scale = self._rotary(sliding, seq.context_len)
+            out[seq.rows] = apply_rope(x[seq.rows], positions[seq.rows], inv_freq, rope_scale)
         return out
 
 

@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where a vLLM-started model comes from, resolved as tt-metal's model code resolves it.
 
-* checkpoint: ``$MODEL_WEIGHTS_DIR``, else ``$HF_MODEL``, else ``hf_config._name_or_path`` (the
-  hub snapshot directory vLLM hands over under ``HF_HUB_OFFLINE=1``, or the id / directory the
-  user passed). It goes to the loader unchanged: the loader owns the cache identity, so a
-  cache-only deploy (config and tokenizer, no weights) is served by the cache of the same model.
+* checkpoint: the model vLLM was asked for (``hf_config._name_or_path``: the hub snapshot directory
+  vLLM hands over under ``HF_HUB_OFFLINE=1``, or the id / directory the user passed) **wins**.
+  tt-metal's ``$MODEL_WEIGHTS_DIR`` / ``$HF_MODEL`` are honoured only when they name that same
+  checkpoint (the same string, or a path resolving to the same directory); one left over from
+  another model is ignored with a warning naming both, so it never silently replaces
+  ``LLM(model=...)``. ``additional_config={"checkpoint": ...}`` is the explicit override. The
+  checkpoint goes to the loader unchanged: the loader owns the cache identity, so a cache-only
+  deploy (config and tokenizer, no weights) is served by the cache of the same model.
 * cache root: ``$TT_CACHE_PATH`` (read by the loader itself).
 * mesh: the open ``mesh_device`` if there is one, else ``$MESH_DEVICE`` (``N150|N300|T3K|TG|
   BH-Galaxy|...`` or ``"(r,c)"``), else one device.
@@ -15,8 +19,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
+from loguru import logger
+
+from models.common import envs
+from models.common.checkpoint import resolve_checkpoint_dir
 from models.common.mesh import MeshShape, parse_mesh_shape
 
 CHECKPOINT_ENVS = ("MODEL_WEIGHTS_DIR", "HF_MODEL")
@@ -33,15 +42,50 @@ class ResolveError(ValueError):
     """A setting the TT model cannot run with (named, with what it expected)."""
 
 
-def checkpoint_reference(hf_config: Any) -> str:
-    """The checkpoint as the user or vLLM named it: an env override, else the config's own path."""
-    for name in CHECKPOINT_ENVS:
-        if os.environ.get(name):
-            return os.environ[name]
-    reference = getattr(hf_config, "_name_or_path", None) or getattr(hf_config, "name_or_path", None)
-    if not reference:
-        raise ResolveError(f"no checkpoint named: set one of {', '.join(CHECKPOINT_ENVS)} or pass a model path")
-    return str(reference)
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The checkpoint a TT model loads, and the environment overrides that were not followed."""
+
+    reference: str
+    ignored: tuple[str, ...] = ()  # "NAME=value" of each override left unused
+
+
+def checkpoint_reference(hf_config: Any, explicit: str | None = None) -> CheckpointChoice:
+    """The checkpoint to load: ``explicit`` (``additional_config["checkpoint"]``), else the model
+    vLLM was asked for; an environment override only where it names that same checkpoint."""
+    requested = getattr(hf_config, "_name_or_path", None) or getattr(hf_config, "name_or_path", None)
+    requested = str(requested) if requested else None
+    if explicit:
+        if requested and explicit != requested:
+            logger.info(f"serving checkpoint {explicit} (additional_config['checkpoint']) for vLLM's model {requested}")
+        return CheckpointChoice(str(explicit))
+    overrides = [(name, os.environ[name]) for name in CHECKPOINT_ENVS if os.environ.get(name)]
+    if requested is None:
+        if not overrides:
+            raise ResolveError(f"no checkpoint named: set one of {', '.join(CHECKPOINT_ENVS)} or pass a model path")
+        return CheckpointChoice(overrides[0][1])
+    ignored = []
+    for name, value in overrides:
+        if same_checkpoint(value, requested):
+            return CheckpointChoice(value, tuple(ignored))
+        logger.warning(f"{name}={value} names another checkpoint than the model vLLM was asked for ({requested}): "
+                       f"{name} is IGNORED and {requested} is served. To serve {value}, pass it as LLM(model=...) "
+                       f"or additional_config={{'checkpoint': {value!r}}}; else unset {name}.")
+        ignored.append(f"{name}={value}")
+    return CheckpointChoice(requested, tuple(ignored))
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two spellings (HF id, local directory, hub snapshot) name one checkpoint on this machine."""
+    if a == b:
+        return True
+    dir_a, dir_b = resolve_checkpoint_dir(a), resolve_checkpoint_dir(b)
+    if dir_a is None or dir_b is None:
+        return False
+    try:
+        return dir_a.resolve() == dir_b.resolve() or dir_a.samefile(dir_b)
+    except OSError:
+        return False
 
 
 def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
@@ -49,7 +93,7 @@ def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
     if mesh_device is not None:
         rows, cols = tuple(mesh_device.shape)
         return int(rows), int(cols)
-    value = os.environ.get(MESH_ENV, "").strip()
+    value = envs.MESH_DEVICE.strip()
     if not value:
         return (1, 1)
     if value.upper() in MESH_ALIASES:

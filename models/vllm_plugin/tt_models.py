@@ -22,8 +22,9 @@ from loguru import logger
 
 from models.common.checkpoint import CheckpointError
 from models.common.loader import LoadedModel
+from models.common.reference import rope_kind
 from models.registry import loader_class
-from models.vllm_plugin.architectures import MODEL_CAPABILITIES
+from models.vllm_plugin.architectures import ARCHITECTURES, MODEL_CAPABILITIES, tt_architecture
 from models.vllm_plugin.host_decoder import paged_decoder
 from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
 from models.vllm_plugin.resolve import ResolveError, checkpoint_reference, mesh_shape_for, precision_for
@@ -42,17 +43,21 @@ class TTHostCausalLM:
         self.max_seq_len = max_seq_len or loaded.args.max_position_embeddings
         self.mesh_device = mesh_device
         self.decoder = paged_decoder(loaded)
+        self.checkpoint: str | None = None
+        self.ignored_overrides: list[str] = []
         self.timings: dict[str, float] = {"weights": loaded.seconds}
 
     @classmethod
     def initialize_vllm_model(cls, hf_config: Any, mesh_device: Any, max_batch_size: int,
                               max_seq_len: int | None = None, n_layers: int | None = None, tt_data_parallel: int = 1,
                               optimizations: str | None = "performance", precision: str | None = None,
-                              **kwargs: Any) -> TTHostCausalLM:
-        """Load through the family's loader (warm from the cache when it is complete)."""
+                              checkpoint: str | None = None, **kwargs: Any) -> TTHostCausalLM:
+        """Load through the family's loader (warm from the cache when it is complete).
+        ``checkpoint``: an explicit override of the model vLLM was asked for."""
         if tt_data_parallel != 1:
             raise ResolveError(f"tt_data_parallel={tt_data_parallel}: the host forward serves one replica")
-        model = checkpoint_reference(hf_config)
+        choice = checkpoint_reference(hf_config, checkpoint)
+        model = choice.reference
         loader = loader_class(cls.family)(model, mesh_shape=mesh_shape_for(mesh_device),
                                           precision=precision_for(optimizations, precision),
                                           num_layers=n_layers, mesh_device=mesh_device)
@@ -66,7 +71,20 @@ class TTHostCausalLM:
             ) from None
         state = "warm" if loaded.warm else f"cold ({loaded.reason})"
         logger.info(f"{cls.__name__}: {model} loaded {state} in {loaded.seconds:.3f} s from {loaded.cache_dir}")
-        return cls(loaded, max_batch_size, max_seq_len, mesh_device)
+        served = cls(loaded, max_batch_size, max_seq_len, mesh_device)
+        served.checkpoint, served.ignored_overrides = model, list(choice.ignored)
+        return served
+
+    @property
+    def long_context_switch(self) -> int | None:
+        """For LongRoPE (Phi-3): the context length past which the long factors apply, else None.
+        A sequence that grows past it is recomputed from its first token, as transformers'
+        Phi-3 drops its cache there, so every key carries the long factors."""
+        scaling = self.loaded.args.rope_scaling
+        if isinstance(scaling, dict) and rope_kind(scaling) == "longrope":
+            return int(scaling.get("original_max_position_embeddings")
+                       or self.loaded.args.config.get("original_max_position_embeddings"))
+        return None
 
     def modules(self) -> Iterator[Any]:
         """No torch submodules (the weights are ttnn tensors); vLLM's engine clean-up walks this."""
@@ -88,12 +106,22 @@ class TTHostCausalLM:
     @torch.no_grad()
     def prefill_forward(self, tokens: torch.Tensor, page_table: torch.Tensor, kv_cache: PagedKVCache,
                         prompt_lens: Sequence[int], start_pos: Sequence[int] | None = None,
-                        **kwargs: Any) -> torch.Tensor:
+                        return_all_logits: Sequence[bool] | None = None,
+                        **kwargs: Any) -> torch.Tensor | list[torch.Tensor]:
         """``[batch, 1, vocab]`` logits of each prompt's last token. ``tokens`` ``[batch, >=len]``
-        holds each prompt (padded); positions below ``start_pos`` are already cached."""
+        holds each prompt (padded); positions below ``start_pos`` are already cached (a prefix
+        cache hit, an earlier chunk). ``return_all_logits``: per prompt, whether to return the
+        logits of every position computed (prompt logprobs) or of the last one only; the result
+        is then a list of ``[positions, vocab]``."""
         starts = [0] * len(prompt_lens) if start_pos is None else [int(s) for s in start_pos]
         chunks = [(tokens[i, starts[i]:int(n)].tolist(), starts[i], page_table[i]) for i, n in enumerate(prompt_lens)]
-        return self._run(chunks, kv_cache)
+        if not return_all_logits or not any(return_all_logits):
+            return self._run(chunks, kv_cache)
+        batch = PagedBatch.build(chunks, kv_cache.block_size)
+        picked = [torch.arange(seq.rows.start, seq.rows.stop) if every else torch.tensor([seq.rows.stop - 1])
+                  for seq, every in zip(batch.sequences, return_all_logits)]
+        logits = self.decoder.run(batch, kv_cache, rows=torch.cat(picked))
+        return list(logits.split([len(rows) for rows in picked]))
 
     @torch.no_grad()
     def decode_forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, page_table: torch.Tensor | None = None,
@@ -130,7 +158,8 @@ class TTHostCausalLM:
     def startup_report(self) -> dict[str, Any]:
         """How this model started: warm or cold (and why), where from, and the seconds of each step."""
         loaded = self.loaded
-        return {"model": type(self).__name__, "warm": loaded.warm, "reason": loaded.reason,
+        return {"model": type(self).__name__, "checkpoint": self.checkpoint, "ignored_overrides": self.ignored_overrides,
+                "warm": loaded.warm, "reason": loaded.reason,
                 "cache_dir": str(loaded.cache_dir), "mesh_shape": list(loaded.mesh_shape),
                 "layers": loaded.args.n_layers, **{f"{k}_seconds": v for k, v in self.timings.items()}}
 
@@ -138,21 +167,12 @@ class TTHostCausalLM:
         """Nothing to capture on the host (no traces): decode reuses the prefill path."""
 
 
-class TTLlamaForCausalLM(TTHostCausalLM):
-    family = "llama"
+def _tt_class(architecture: str, family: str) -> type[TTHostCausalLM]:
+    return type(tt_architecture(architecture), (TTHostCausalLM,),
+                {"family": family, "__module__": __name__,
+                 "__doc__": f"vLLM's ``{tt_architecture(architecture)}``: a {family} checkpoint from the warm ttnn cache."})
 
 
-class TTQwen3ForCausalLM(TTHostCausalLM):
-    family = "qwen3"
-
-
-class TTQwen3MoeForCausalLM(TTHostCausalLM):
-    family = "qwen3_moe"
-
-
-class TTGemma3ForCausalLM(TTHostCausalLM):
-    family = "gemma3"
-
-
-class TTGemma4ForCausalLM(TTHostCausalLM):
-    family = "gemma4"
+# One TT<Arch>ForCausalLM per architecture of the family table (models.registry): no list of our own.
+for _architecture, _family in ARCHITECTURES.items():
+    globals()[tt_architecture(_architecture)] = _tt_class(_architecture, _family)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from models.common import envs
+from models.vllm_plugin.engine_exit import install_signal_forwarding
 from models.vllm_plugin.model_runner import TTHostModelRunner
 
 KV_CACHE_LAYOUT = "NHD"
@@ -24,9 +25,12 @@ class TTHostWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        # In vLLM's engine-core process (this is its main thread): a shutdown SIGTERM taken by
+        # another thread must still reach vLLM's handler, or the engine is SIGKILLed 5 s later.
+        self.signal_forwarder = install_signal_forwarding()
         # One thread unless told otherwise: on a shared host, torch's OpenMP threads spin against
         # each other and small decode steps get many times slower.
-        torch.set_num_threads(max(1, int(os.environ.get(THREADS_ENV, "1"))))
+        torch.set_num_threads(max(1, int(envs.TT_HOST_THREADS)))
         if self.model_config.seed is not None:
             torch.manual_seed(self.model_config.seed)
         self.model_runner = TTHostModelRunner(self.vllm_config)
@@ -75,6 +79,13 @@ class TTHostWorker(WorkerBase):
         report = self.model_runner.model.startup_report()
         report.update({f"runner_{k}_seconds": v for k, v in self.model_runner.timings.items()})
         return report
+
+    def runner_stats(self) -> dict[str, Any]:
+        """The runner's counters (prompt tokens computed and found in the prefix cache, prefill
+        chunks, steps) and whether shutdown signals are forwarded (for ``LLM.collective_rpc``)."""
+        stats = dict(vars(self.model_runner.stats))
+        stats["signal_forwarding"] = self.signal_forwarder is not None
+        return stats
 
     def check_health(self) -> None:
         return

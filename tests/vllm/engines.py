@@ -23,12 +23,16 @@ def token_prompts(prompts: Sequence[Sequence[int]]) -> list[dict[str, list[int]]
 
 @contextlib.contextmanager
 def vllm_engine(model: str | Path, *, precision: str = "bfloat16", max_num_seqs: int = 4,
-                max_model_len: int = 128, tokenizer: bool = False) -> Iterator[Any]:
-    """A real ``vllm.LLM`` (engine-core subprocess and all), shut down on exit."""
+                max_model_len: int = 128, tokenizer: bool = False, additional_config: dict | None = None,
+                **engine_args: Any) -> Iterator[Any]:
+    """A real ``vllm.LLM`` (scheduler, KV cache manager, our platform, worker and runner; the
+    engine core in this process, see conftest), shut down on exit. ``engine_args``: any other
+    ``LLM(...)`` argument (``max_num_batched_tokens``, ``logprobs_mode``, ...)."""
     from vllm import LLM
 
     llm = LLM(model=str(model), skip_tokenizer_init=not tokenizer, max_num_seqs=max_num_seqs,
-              max_model_len=max_model_len, additional_config={"precision": precision})
+              max_model_len=max_model_len, additional_config={"precision": precision, **(additional_config or {})},
+              **engine_args)
     try:
         yield llm
     finally:

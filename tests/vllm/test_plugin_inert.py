@@ -67,3 +67,22 @@ print(json.dumps({"code": int(code), "files": sorted({i.split("::")[0] for i in 
                   "vllm": any(m == "vllm" or m.startswith("vllm.") for m in sys.modules)}))
 """)
     assert result == {"code": 0, "files": ["tests/vllm/test_plugin_inert.py", "tests/vllm/test_tt_models.py"], "vllm": False}
+
+
+def test_the_architecture_list_is_the_family_table_and_imports_nothing_heavy():
+    """The plugin's registration data comes from models.registry alone: no torch, ttnn or vllm."""
+    proc = subprocess.run([sys.executable, "-c", """
+import json, sys
+from models.registry import ARCHITECTURES, FAMILIES
+from models.vllm_plugin.architectures import tt_class_path
+paths = {arch: tt_class_path(arch) for arch in ARCHITECTURES}
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {"torch", "ttnn", "vllm", "transformers"})
+print(json.dumps({"paths": paths, "families": sorted({f.name for f in FAMILIES}), "heavy": heavy}))
+"""], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == []
+    assert result["families"] == ["gemma3", "gemma4", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
+    assert result["paths"]["Qwen2ForCausalLM"] == "models.vllm_plugin.tt_models:TTQwen2ForCausalLM"
+    assert {p.split(":")[1] for p in result["paths"].values()} >= {
+        "TTQwen2ForCausalLM", "TTMistralForCausalLM", "TTPhi3ForCausalLM", "TTLlamaForCausalLM"}

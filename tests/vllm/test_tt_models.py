@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.ttnn.tiny_models import hf_greedy, hf_logits, make_checkpoint, pcc
+from models.testing.tiny_models import hf_greedy, hf_logits, make_checkpoint, pcc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 5, 77, 300, 12, 9, 400, 33]
@@ -75,19 +75,33 @@ def test_refusals_say_why(model):
         type(model).initialize_vllm_model(SimpleNamespace(_name_or_path="x"), None, 1, tt_data_parallel=2)
 
 
-def test_resolution_follows_tt_metal(monkeypatch, cache_root):
-    from models.vllm_plugin.resolve import ResolveError, checkpoint_reference, mesh_shape_for, precision_for
+def test_the_requested_model_wins_over_a_checkpoint_variable_naming_another(monkeypatch, cache_root, tmp_path, qwen3):
+    """tt-metal's MODEL_WEIGHTS_DIR / HF_MODEL are followed where they name the checkpoint vLLM was
+    asked for (in another spelling: a symlink, a hub id of the same snapshot); a different one is
+    ignored and reported; an explicit override wins; with no model named at all, they are used."""
+    from models.vllm_plugin.resolve import ResolveError, checkpoint_reference
 
-    config = SimpleNamespace(_name_or_path="/snapshots/abc")
-    assert checkpoint_reference(config) == "/snapshots/abc"
-    monkeypatch.setenv("HF_MODEL", "org/model")
-    assert checkpoint_reference(config) == "org/model"
-    monkeypatch.setenv("MODEL_WEIGHTS_DIR", "/weights")
-    assert checkpoint_reference(config) == "/weights"
+    config = SimpleNamespace(_name_or_path=str(qwen3))
+    assert checkpoint_reference(config).reference == str(qwen3)
+    alias = tmp_path / "alias"
+    alias.symlink_to(qwen3)
+    monkeypatch.setenv("MODEL_WEIGHTS_DIR", str(alias))
+    assert checkpoint_reference(config) == type(checkpoint_reference(config))(str(alias), ())
+    monkeypatch.setenv("MODEL_WEIGHTS_DIR", "/weights/of/another/model")
+    monkeypatch.setenv("HF_MODEL", "org/another-model")
+    choice = checkpoint_reference(config)
+    assert choice.reference == str(qwen3)
+    assert choice.ignored == ("MODEL_WEIGHTS_DIR=/weights/of/another/model", "HF_MODEL=org/another-model")
+    assert checkpoint_reference(config, explicit="/weights/of/another/model").reference == "/weights/of/another/model"
+    assert checkpoint_reference(SimpleNamespace()).reference == "/weights/of/another/model"
     for name in ("MODEL_WEIGHTS_DIR", "HF_MODEL"):
         monkeypatch.delenv(name)
     with pytest.raises(ResolveError, match="no checkpoint named"):
         checkpoint_reference(SimpleNamespace())
+
+
+def test_resolution_follows_tt_metal(monkeypatch, cache_root):
+    from models.vllm_plugin.resolve import ResolveError, mesh_shape_for, precision_for
 
     assert mesh_shape_for() == (1, 1)
     for value, shape in (("N300", (1, 2)), ("T3K", (1, 8)), ("BH-Galaxy", (8, 4)), ("(2,4)", (2, 4))):

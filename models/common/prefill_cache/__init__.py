@@ -11,13 +11,17 @@ the same features at every step, epoch and decode-arm reset. They are kept twice
 
 Modules, from the bottom up:
 
-``layout``       the on-disk format and its checks, without torch (the CLI imports only this and
-                 ``maintenance``, so ``tt-cache prefill`` starts in milliseconds)
+``layout``       the on-disk format and its checks, without torch (the CLI imports only this,
+                 ``usage`` and ``maintenance``, so ``tt-cache prefill`` starts in milliseconds)
 ``identity``     the authority: every input that can change the features, hashed canonically
 ``packet``       the rows a producer stores and a lookup returns
-``sidecar``      store / lookup / validation proofs / legacy objects
+``sidecar``      store / lookup / validation proofs (``publish``: the write phases of a store;
+                 ``legacy``: v1 objects found by today's authority)
+``claims``       one producer per object across processes (torch-free)
+``usage``        when an object was last used: the order of size-capped eviction (torch-free)
 ``memory``       the in-memory LRU and its read-only views
-``maintenance``  ls, deep verify and gc of a whole cache root (torch-free)
+``maintenance``  ls, summary, deep verify and gc (debris, age, LRU down to a size cap) of a whole
+                 cache root (torch-free): ``summarize`` and ``gc`` are what ``tt-cache ls|gc`` call
 
 Public names are re-exported here lazily, so importing a torch-free submodule never pulls in
 torch through this package.
@@ -25,8 +29,9 @@ torch through this package.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from models.common.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "layout": (
@@ -40,6 +45,7 @@ _EXPORTS = {
         "frozen_backbone_prompt_mask_sha256_boundary", "frozen_backbone_position_policy_sha256_boundary",
     ),
     "packet": ("FrozenBackbonePrefillPacket",),
+    "claims": ("ProducerClaim",),
     "sidecar": ("FrozenBackboneFeatureSidecar",),
     "memory": (
         "BASE_FORWARD_CACHE_SCHEMA", "BASE_FORWARD_CACHE_ENV", "BASE_FORWARD_CACHE_ENTRIES_ENV",
@@ -49,24 +55,11 @@ _EXPORTS = {
         "base_forward_cache_key_boundary",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # static analysers see the eager imports
+    from models.common.prefill_cache.claims import *  # noqa: F403
     from models.common.prefill_cache.identity import *  # noqa: F403
     from models.common.prefill_cache.layout import *  # noqa: F403
     from models.common.prefill_cache.memory import *  # noqa: F403

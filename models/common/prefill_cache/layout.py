@@ -7,6 +7,7 @@ Layout of one cache root::
 
     <cache_root>/objects/<sha[:2]>/<sha>/
         .writer.lock                  flock of the one writer of this object (empty file)
+        .producer.lock                flock of the one producer computing this object's features
         progress.json                 durable frontier of an in-flight store (absent when done)
         final_hidden.<dtype>.bin      raw little-endian [1, 1, H] features
         summary_hidden.<dtype>.bin    raw little-endian [1, S, H] features
@@ -62,6 +63,8 @@ SCOPE_FLAGS: Final[dict[str, bool]] = dict(
 MANIFEST_MAX_BYTES: Final = 1 << 20
 PARTIAL_SUFFIX: Final = ".partial"
 LOCK_NAME: Final = ".writer.lock"
+PRODUCER_LOCK_NAME: Final = ".producer.lock"
+LOCK_NAMES: Final = frozenset({LOCK_NAME, PRODUCER_LOCK_NAME})  # never removed: waiters hold them open
 MANIFEST_NAME: Final = "manifest.json"
 PROGRESS_NAME: Final = "progress.json"
 _V1_KERNEL_FACTS: Final = ("device", "inode", "mtimeNs")

@@ -17,14 +17,19 @@ Read protocol: every manifest field, every artifact record and every artifact's 
 checked before the files are memory-mapped; anything off - including any ``OSError`` on the way
 (an unreadable file, a cache root that is a regular file) - raises
 :class:`FrozenBackboneCacheError`. The proof is kept in a bounded in-process LRU and reused while
-the kernel stamps of all four files (dev, inode, mode, size, mtime_ns, ctime_ns) are unchanged -
-but only for files last changed more than ``_RACY_WINDOW_NS`` before the proof, because coarse
+the stamps of all four files (:class:`~models.common.weight_cache.stamps.FileStamp`: inode, size,
+mtime, ctime) are unchanged - but only for files last changed a whole clock tick before the proof
+(the one racy-clock rule of :mod:`models.common.weight_cache.stamps`), because coarse
 file-system clocks can hide a same-size rewrite made within one tick (git's "racy clean" rule).
 Changed stamps (a copy, a restore, a remount) only mean "hash again", never "corrupt".
 
 Legacy objects (authority schema v1, named by a hash that included the source tree) are still
 found, read-only: by a direct probe when the caller still knows that source hash, otherwise
-through a per-root index of their normalized manifests.
+through a per-root index of their normalized manifests (``legacy``).
+
+A consumer that uses a found object marks it used (:meth:`FrozenBackboneFeatureSidecar.mark_used_boundary`,
+``usage``: the object directory's mtime, at most once a minute per object and process), which is
+what size-capped eviction orders by.
 """
 
 from __future__ import annotations
@@ -35,8 +40,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -53,15 +57,11 @@ from models.common.fileio import (
     is_temp_path,
     sha256_bytes,
     sha256_file,
-    unique_temp_path,
-    write_all,
 )
 from models.common.prefill_cache.identity import FEATURE_DTYPES, FrozenBackboneCacheAuthority, tensor_bytes
 from models.common.prefill_cache.layout import (
     ARTIFACT_NAMES,
     FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
-    SIDECAR_SCHEMAS,
-    SOURCE_DIAGNOSTIC_FIELDS,
     FrozenBackboneCacheError,
     _ObjectPaths,
     artifact_record,
@@ -78,12 +78,14 @@ from models.common.prefill_cache.layout import (
     read_json_object,
     str_keyed,
 )
+from models.common.prefill_cache.legacy import LEGACY_INDEX
 from models.common.prefill_cache.packet import FrozenBackbonePrefillPacket
+from models.common.prefill_cache.publish import StagedObject, open_partials, publish_wave
+from models.common.prefill_cache.usage import USES
+from models.common.weight_cache.stamps import FileStamp, timestamp_tick_ns
 
 _PROOF_CACHE_ENTRIES: Final = 8_192
 _PROOF_CACHE_BYTES: Final = 64 << 20
-_LEGACY_INDEX_ROOTS: Final = 16
-_RACY_WINDOW_NS: Final = 2_000_000_000
 
 
 @contextlib.contextmanager
@@ -102,33 +104,20 @@ def _cache_errors(what: str) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Stamp(NamedTuple):
-    """What the kernel says about a file, without reading it."""
-
-    device: int
-    inode: int
-    mode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-
-def _stamp(path: Path | str) -> _Stamp | None:
-    """The file's stamp, None when absent or not a regular file; other OSErrors propagate
-    (a parent that is a regular file, an unreadable directory)."""
+def _stamp(path: Path | str) -> FileStamp | None:
+    """The file's stamp (:mod:`models.common.weight_cache.stamps`, the one stamp of every cache),
+    None when absent or not a regular file; other OSErrors propagate (a parent that is a regular
+    file, an unreadable directory)."""
     try:
         observed = os.stat(path)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(observed.st_mode):
         return None
-    return tuple.__new__(_Stamp, (  # the fast path of NamedTuple construction: lookups are hot
-        observed.st_dev, observed.st_ino, observed.st_mode,
-        observed.st_size, observed.st_mtime_ns, observed.st_ctime_ns,
-    ))
+    return FileStamp.of(observed)
 
 
-def _object_stamps(paths: _ObjectPaths) -> tuple[_Stamp | None, ...]:
+def _object_stamps(paths: _ObjectPaths) -> tuple[FileStamp | None, ...]:
     """Stamps of the manifest and the three artifacts (None where not a regular file)."""
     return tuple(map(_stamp, paths.stamped_names))
 
@@ -157,10 +146,10 @@ class _ProofCache:
         self.capacity = capacity
         self.byte_budget = byte_budget
         self._lock = threading.Lock()
-        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[_Stamp | None, ...], _Small]] = OrderedDict()
+        self._proofs: OrderedDict[tuple[str, str], tuple[tuple[FileStamp | None, ...], _Small]] = OrderedDict()
         self._bytes = 0
 
-    def holds(self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...]) -> _Small | None:
+    def holds(self, key: tuple[str, str], stamps: tuple[FileStamp | None, ...]) -> _Small | None:
         """The small artifacts if ``key`` is proven for exactly these stamps, else None."""
         with self._lock:
             proof = self._proofs.get(key)
@@ -173,11 +162,11 @@ class _ProofCache:
             return proof[1]
 
     def remember(
-        self, key: tuple[str, str], stamps: tuple[_Stamp | None, ...], small: _Small, started_ns: int
+        self, key: tuple[str, str], stamps: tuple[FileStamp | None, ...], small: _Small, started_ns: int, tick_ns: int
     ) -> None:
-        """Keep a proof unless a file changed so recently that its stamp may not show a rewrite."""
-        newest_change = max(max(s.mtime_ns, s.ctime_ns) for s in stamps if s is not None)
-        if newest_change > started_ns - _RACY_WINDOW_NS:
+        """Keep a proof unless a file changed so recently that its stamp may not show a rewrite
+        (the racy-clock rule of :meth:`FileStamp.settled`)."""
+        if not all(s.settled(started_ns, tick_ns) for s in stamps if s is not None):
             return
         with self._lock:
             if key in self._proofs:
@@ -210,84 +199,8 @@ def _clear_validation_proofs() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Legacy (v1, source-bound) objects
-# ---------------------------------------------------------------------------------------------
-
-
-def _legacy_entry(manifest_path: Path) -> str | None:
-    """The normalized (v2) authority sha of a well-formed legacy manifest, else None."""
-    object_sha256 = manifest_path.parent.name
-    if not is_sha256_hex(object_sha256) or manifest_path.parent.parent.name != object_sha256[:2]:
-        return None
-    try:
-        manifest, _ = read_json_object(manifest_path, "legacy manifest")
-    except FrozenBackboneCacheError:
-        return None
-    stored = str_keyed(manifest.get("authority"))
-    if (
-        manifest.get("schema") not in SIDECAR_SCHEMAS
-        or manifest.get("authoritySha256") != object_sha256
-        or stored is None
-        or SOURCE_DIAGNOSTIC_FIELDS.isdisjoint(stored)
-        or json_sha256(stored) != object_sha256
-    ):
-        return None
-    return json_sha256(normalized_authority(stored))
-
-
-class _LegacyIndex:
-    """Per resolved root: normalized authority sha -> legacy manifest paths.
-
-    Built on the first miss of a process under a root, by reading every manifest once (legacy
-    objects are never written any more, so it never goes stale); bounded to a few roots."""
-
-    def __init__(self, roots: int) -> None:
-        self.roots = roots
-        self._lock = threading.Lock()
-        self._indexes: OrderedDict[Path, dict[str, tuple[Path, ...]]] = OrderedDict()
-
-    def get(self, cache_root: Path) -> dict[str, tuple[Path, ...]]:
-        with self._lock:
-            index = self._indexes.get(cache_root)
-            if index is None:
-                index = self._build(cache_root)
-                self._indexes[cache_root] = index
-            self._indexes.move_to_end(cache_root)
-            while len(self._indexes) > self.roots:
-                self._indexes.popitem(last=False)
-            return index
-
-    @staticmethod
-    def _build(cache_root: Path) -> dict[str, tuple[Path, ...]]:
-        found: dict[str, list[Path]] = {}
-        for manifest_path in sorted((cache_root / "objects").glob("*/*/manifest.json")):
-            normalized_sha256 = _legacy_entry(manifest_path)
-            if normalized_sha256 is not None:
-                found.setdefault(normalized_sha256, []).append(manifest_path)
-        logger.debug("legacy prefill index of {}: {} authorities", cache_root, len(found))
-        return {key: tuple(value) for key, value in found.items()}
-
-    def reset_after_fork(self) -> None:
-        self._lock = threading.Lock()
-
-
-_LEGACY_INDEX = _LegacyIndex(_LEGACY_INDEX_ROOTS)
-os.register_at_fork(after_in_child=_LEGACY_INDEX.reset_after_fork)
-
-
-# ---------------------------------------------------------------------------------------------
 # The durable object
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _StagedObject:
-    """One object of a store in flight: its payloads, digests and (after flushing) file records."""
-
-    sidecar: FrozenBackboneFeatureSidecar
-    payloads: tuple[memoryview, ...]
-    sha256s: tuple[str, ...]
-    records: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 class FrozenBackboneFeatureSidecar:
@@ -337,8 +250,14 @@ class FrozenBackboneFeatureSidecar:
                 found = self._lookup(self.legacy_paths)
             return found if found is not None else self._lookup_indexed_legacy()
 
+    def mark_used_boundary(self) -> None:
+        """Record that this object was just used (after a lookup found it): what size-capped
+        eviction orders by (``usage``). The one metadata change a reader makes, and only when it
+        asks: ``lookup_boundary`` itself never writes."""
+        USES.touch(self.paths.root)
+
     def _lookup_indexed_legacy(self) -> FrozenBackbonePrefillPacket | None:
-        for manifest_path in _LEGACY_INDEX.get(self.cache_root).get(self.authority_sha256, ()):
+        for manifest_path in LEGACY_INDEX.get(self.cache_root).get(self.authority_sha256, ()):
             paths = _ObjectPaths.of(self.cache_root, manifest_path.parent.name, self.authority.feature_dtype)
             if paths.root not in (self.paths.root, getattr(self.legacy_paths, "root", None)):
                 found = self._lookup(paths)
@@ -355,12 +274,14 @@ class FrozenBackboneFeatureSidecar:
         small = _PROOFS.holds(key, stamps)
         try:
             if small is not None:
-                return self._map_proven(paths, small)
-            return self._validate_and_map(paths, key, stamps)
+                found = self._map_proven(paths, small)
+            else:
+                found = self._validate_and_map(paths, key, stamps)
         except (FrozenBackboneCacheError, OSError, RuntimeError):
             if _stamp(paths.manifest) is None:  # retracted meanwhile (gc, a rebuild): a miss
                 return None
             raise
+        return found
 
     def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
         """Memory-map the three artifacts as one packet row (no copy, no hashing, no checks:
@@ -391,7 +312,7 @@ class FrozenBackboneFeatureSidecar:
         )
 
     def _validate_and_map(
-        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[_Stamp | None, ...]
+        self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[FileStamp | None, ...]
     ) -> FrozenBackbonePrefillPacket:
         """Check everything, map, and check that nothing changed meanwhile; remember the proof."""
         started_ns = time.time_ns()
@@ -408,7 +329,7 @@ class FrozenBackboneFeatureSidecar:
         expect(int(packet.input_positions_t[0]) > 0, paths.root, "input position is not positive")
         expect(_object_stamps(paths) == before, paths.root, "files changed while they were being validated")
         small = _Small(packet.final_hidden_t.clone(), packet.input_positions_t.clone())
-        _PROOFS.remember(key, before, small, started_ns)
+        _PROOFS.remember(key, before, small, started_ns, timestamp_tick_ns(paths.manifest))
         return packet
 
     # -- progress -------------------------------------------------------------------------
@@ -447,7 +368,7 @@ class FrozenBackboneFeatureSidecar:
             and is_sha256_hex(record.get("sha256"))
         )
 
-    def _progress_payload(self, staged: _StagedObject) -> dict[str, object]:
+    def _progress_payload(self, staged: StagedObject) -> dict[str, object]:
         return {
             "schema": FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
             "authoritySha256": self.authority_sha256,
@@ -480,12 +401,12 @@ class FrozenBackboneFeatureSidecar:
             if not torch.equal(actual.detach().cpu(), expected):
                 raise ValueError("packet identity digests differ from its authority")
 
-    def _staged(self, packet: FrozenBackbonePrefillPacket) -> _StagedObject:
+    def _staged(self, packet: FrozenBackbonePrefillPacket) -> StagedObject:
         payloads = tuple(
             tensor_bytes(t)
             for t in (packet.final_hidden_t, packet.summary_hidden_t, packet.input_positions_t)
         )
-        return _StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
+        return StagedObject(self, payloads, tuple(sha256_bytes(p) for p in payloads))
 
     def _existing_or_retract(self) -> FrozenBackbonePrefillPacket | None:
         """Under the writer lock: the valid object if there is one (its dead writers' leftovers
@@ -535,7 +456,7 @@ class FrozenBackboneFeatureSidecar:
             logger.warning("ignoring {}; restaging from the packet", error)
             return None
 
-    def _reusable(self, staged: _StagedObject, index: int, frontier: dict[str, object] | None) -> bool:
+    def _reusable(self, staged: StagedObject, index: int, frontier: dict[str, object] | None) -> bool:
         """True when a durable partial artifact from an interrupted store already holds exactly
         the bytes to write (checked by hash, never trusted)."""
         if frontier is None:
@@ -548,11 +469,11 @@ class FrozenBackboneFeatureSidecar:
             sha256_file(partial) == staged.sha256s[index]
         )
 
-    def _record_partials(self, staged: _StagedObject) -> None:
+    def _record_partials(self, staged: StagedObject) -> None:
         for spec, partial, digest in zip(self._specs, self.paths.partials, staged.sha256s, strict=True):
             staged.records[spec.name] = artifact_record(spec, os.stat(partial).st_size, digest)
 
-    def _manifest_bytes(self, staged: _StagedObject) -> bytes:
+    def _manifest_bytes(self, staged: StagedObject) -> bytes:
         return manifest_bytes(self.authority_sha256, self.authority_record, staged.records)
 
     def _promote(self) -> None:
@@ -574,7 +495,7 @@ class FrozenBackboneFeatureSidecar:
             try:
                 self._sweep_debris()
                 frontier = self._durable_frontier()
-                with _open_partials(self, staged, frontier) as fds:
+                with open_partials(self, staged, frontier) as fds:
                     fsync_fds(fd for fd in fds if fd is not None)
                     self._record_partials(staged)
                 atomic_write_bytes(self.paths.progress, canonical_json(self._progress_payload(staged)))
@@ -618,69 +539,9 @@ class FrozenBackboneFeatureSidecar:
             ]
             if todo:
                 try:
-                    _publish_wave(todo)
+                    publish_wave(todo)
                 except BaseException:
                     for staged in todo:
                         staged.sidecar._discard_unpublished()
                     raise
         return len(captured)
-
-
-@contextlib.contextmanager
-def _open_partials(
-    sidecar: FrozenBackboneFeatureSidecar,
-    staged: _StagedObject,
-    frontier: dict[str, object] | None,
-) -> Iterator[list[int | None]]:
-    """Write the object's partial artifacts (reusing verified durable ones) and yield their fds
-    (None for a reused file) open for flushing; closes them afterwards."""
-    fds: list[int | None] = []
-    try:
-        for index, partial in enumerate(sidecar.paths.partials):
-            if sidecar._reusable(staged, index, frontier):
-                fds.append(None)
-                continue
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            fds.append(fd)
-            write_all(fd, staged.payloads[index])
-        yield fds
-    finally:
-        for fd in fds:
-            if fd is not None:
-                os.close(fd)
-
-
-def _publish_wave(wave: list[_StagedObject]) -> None:
-    """The phases of :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` (locks held)."""
-    with contextlib.ExitStack() as stack:
-        artifact_fds: list[int] = []
-        for staged in wave:
-            staged.sidecar._sweep_debris()
-            staged.sidecar.paths.progress.unlink(missing_ok=True)
-            fds = stack.enter_context(_open_partials(staged.sidecar, staged, None))
-            artifact_fds.extend(fd for fd in fds if fd is not None)
-        fsync_fds(artifact_fds)
-    manifest_temps = [unique_temp_path(staged.sidecar.paths.manifest) for staged in wave]
-    try:
-        with contextlib.ExitStack() as stack:
-            manifest_fds = []
-            for staged, temp in zip(wave, manifest_temps, strict=True):
-                staged.sidecar._record_partials(staged)
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                stack.callback(os.close, fd)
-                write_all(fd, staged.sidecar._manifest_bytes(staged))
-                manifest_fds.append(fd)
-            fsync_fds(manifest_fds)
-        for staged, temp in zip(wave, manifest_temps, strict=True):
-            staged.sidecar._promote()
-            os.replace(temp, staged.sidecar.paths.manifest)
-    finally:
-        for temp in manifest_temps:
-            temp.unlink(missing_ok=True)
-    fsync_dirs(_directories_to_sync(wave))
-
-
-def _directories_to_sync(wave: Iterable[_StagedObject]) -> Iterator[Path]:
-    for staged in wave:
-        root = staged.sidecar.paths.root
-        yield from (root, root.parent, root.parent.parent, root.parent.parent.parent)

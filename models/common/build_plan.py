@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The plan of a build, and conversion of one part of it.
+
+A family's ``convert`` reads checkpoint tensors and ``sink.put(name, tensor, fmt)``s weights made
+from them. Running it once on storage-free placeholders (as a warm build does) gives the plan:
+every weight in build order, its format, and its *unit*: the reads since the previous put and
+every put until the next read (``gate_up_weights`` reads w1 and w3, then puts both: one unit).
+A worker runs the same ``convert`` again with a state that hands out real tensors only inside
+the units holding one of its own weights (placeholders otherwise, which cost nothing), so each
+process reads and converts only its share, and writes the files a single-process build writes.
+A family whose tensors flow past their unit fails loudly (a placeholder handed to a cold put
+raises), never silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import ttnn
+
+from models.common.checkpoint import CheckpointError, KeyRule
+from models.common.conversion import WeightSink
+from models.common.model_args import ModelArgs
+from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.placeholders import placeholder
+from models.common.weight_cache.tensor_cache import TensorFormat, stored_bytes
+
+
+class Convertible(Protocol):
+    """What planning needs of a loader (any :class:`~models.common.loader.WeightLoader`)."""
+
+    checkpoint_dir: Any
+    key_rules: Sequence[KeyRule]
+
+    def is_host_weight(self, key: str) -> bool: ...
+
+    def convert(self, sink: WeightSink, args: ModelArgs) -> None: ...
+
+
+@dataclass(frozen=True)
+class PlannedWeight:
+    """One ``put`` of a build: its name, format, shape, and the checkpoint tensors it reads."""
+
+    name: str
+    fmt: TensorFormat
+    shape: tuple[int, ...]
+    inputs: tuple[str, ...]
+    input_bytes: int
+    unit: int
+
+    @property
+    def estimated_bytes(self) -> int:
+        """Roughly the tensorbin's size (progress totals; the real size is known once written)."""
+        shape = list(self.shape) or [1]
+        if self.fmt.layout == ttnn.TILE_LAYOUT:
+            shape[-1] = -(-shape[-1] // 32) * 32
+            if len(shape) > 1:
+                shape[-2] = -(-shape[-2] // 32) * 32
+        return stored_bytes(self.fmt, math.prod(shape))
+
+
+class _SpecView(Mapping):
+    """A state dict over a checkpoint's tensor specs (``{key: (shape, dtype)}``): keys only here."""
+
+    _specs: Mapping[str, tuple[Sequence[int], torch.dtype]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._specs
+
+
+class _Recording(_SpecView):
+    """Placeholders for every checkpoint key, noting which keys are read."""
+
+    def __init__(self, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
+        self._specs = specs
+        self.read: dict[str, None] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._specs:
+            raise CheckpointError(f"checkpoint has no tensor for {key!r}")
+        shape, dtype = self._specs[key]
+        self.read[key] = None
+        return placeholder(shape, dtype)
+
+
+class _PlanSink(WeightSink):
+    def __init__(self, state: _Recording, host_keys: list[str], specs: Mapping[str, Any]) -> None:
+        super().__init__(None, state, host_keys)  # type: ignore[arg-type]
+        state.read.clear()  # the host weights are the driver's, not any weight's input
+        self._specs = specs
+        self.plan: list[PlannedWeight] = []
+        self._unit = 0
+
+    def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
+        if name in self.formats:
+            raise ValueError(f"weight {name!r} converted twice")
+        self.formats[name] = fmt
+        inputs = tuple(self.state.read)
+        self.state.read.clear()
+        if inputs and self.plan:
+            self._unit += 1  # reads since the last put start a new unit
+        nbytes = sum(math.prod(self._specs[k][0]) * self._specs[k][1].itemsize for k in inputs)
+        self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes, self._unit))
+
+
+def checkpoint_specs(loader: Convertible) -> dict[str, tuple[list[int], torch.dtype]]:
+    """Shape and dtype of every checkpoint tensor (under the loader's names), headers only."""
+    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+    try:
+        return {key: reader.spec(key) for key in reader.keys()}
+    finally:
+        reader.close()
+
+
+def plan_weights(loader: Convertible, args: ModelArgs) -> list[PlannedWeight]:
+    """Every weight of this build in build order, from checkpoint headers only (nothing converted)."""
+    specs = checkpoint_specs(loader)
+    state = _Recording(specs)
+    sink = _PlanSink(state, [k for k in specs if loader.is_host_weight(k)], specs)
+    loader.convert(sink, args)
+    return sink.plan
+
+
+def partition(plan: Sequence[PlannedWeight], parts: int) -> list[list[str]]:
+    """Split the plan into at most ``parts`` groups of whole units of about equal checkpoint bytes
+    (greedy, largest first), each group in build order; a group is one task."""
+    units: dict[int, list[PlannedWeight]] = {}
+    for weight in plan:
+        units.setdefault(weight.unit, []).append(weight)
+    parts = max(1, min(parts, len(units)))
+    loads = [0] * parts
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    order = {w.name: i for i, w in enumerate(plan)}
+    for members in sorted(units.values(), key=lambda ws: -max(sum(w.input_bytes for w in ws), 1)):
+        target = loads.index(min(loads))
+        loads[target] += max(sum(w.input_bytes for w in members), 1)
+        groups[target] += [w.name for w in members]
+    return [sorted(g, key=order.__getitem__) for g in groups if g]
+
+
+class PartState(_SpecView):
+    """The checkpoint as a worker of a partitioned build sees it: real tensors inside the units
+    holding one of its own weights, placeholders otherwise."""
+
+    def __init__(self, lazy: Any, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
+        self._lazy = lazy
+        self._specs = specs
+        self.real = False
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if self.real:
+            return self._lazy[key]
+        shape, dtype = self._specs[key]
+        return placeholder(shape, dtype)
+
+
+class PartSink(WeightSink):
+    """Converts only the weights named in ``mine``, checking that ``convert`` puts the plan's
+    weights in the plan's order (a build that is not deterministic cannot be split)."""
+
+    def __init__(self, cache: Any, state: PartState, plan: Sequence[PlannedWeight], mine: set[str],
+                 after_put: Any = None) -> None:
+        super().__init__(cache, state, [], keep=False, after_put=after_put)
+        self._order = [w.name for w in plan]
+        self._units = [w.unit for w in plan]
+        self._mine = mine
+        self._real_units = {w.unit for w in plan if w.name in mine}
+        self._next = 0
+        self.done: list[str] = []
+        self._arm()
+
+    def _arm(self) -> None:
+        self.state.real = self._next < len(self._order) and self._units[self._next] in self._real_units
+
+    def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
+        expected = self._order[self._next] if self._next < len(self._order) else None
+        if name != expected:
+            raise RuntimeError(f"convert put {name!r} where the plan has {expected!r}: the build is not deterministic")
+        self._next += 1
+        if name in self._mine:
+            super().put(name, tensor, fmt)
+            self.done.append(name)
+        self._arm()

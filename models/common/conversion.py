@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a family's ``convert`` reads from and writes into.
+
+A family converts a model by reading checkpoint tensors from ``sink.state`` (a ``state_dict``)
+and calling ``sink.put(name, tensor, format)`` for every weight the device consumes. The same
+``convert`` runs for every kind of build, because only these two objects change:
+
+* cold: ``state`` is the checkpoint (:class:`LazyStateDict`), ``put`` converts and writes;
+* warm: ``state`` is the cache's placeholders, ``put`` loads the cached file;
+* planning and partitioned (Ray) builds: see :mod:`models.common.build_plan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+import ttnn
+
+from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.placeholders import placeholder
+from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat
+
+
+class LazyStateDict(Mapping):
+    """The checkpoint as a read-only ``state_dict`` whose tensors are read when indexed."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self._reader = reader
+        self._keys = reader.keys()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._reader.get(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._reader
+
+    def release_read(self, keep: Iterable[str] = ()) -> None:
+        """Drop the pages of the tensors read so far but ``keep`` (a streaming seed, after each weight)."""
+        self._reader.release_read(keep)
+
+    def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Shapes and dtypes of every tensor (as placeholders), with the host weights already
+        read for the build (``host``) real: nothing is read again."""
+        return {key: host[key] if key in host else placeholder(*self._reader.spec(key)) for key in self._keys}
+
+
+class WeightSink:
+    """What ``convert`` writes into: ``put`` a weight in the form the device consumes.
+
+    ``keep=False`` (a streaming seed) drops each converted weight once it is handed to the cache
+    and calls ``after_put`` (which releases the checkpoint pages it was made from)."""
+
+    def __init__(
+        self,
+        cache: TensorCache | None,
+        state: Mapping[str, Any],
+        host_keys: Iterable[str],
+        *,
+        keep: bool = True,
+        after_put: Callable[[str], None] | None = None,
+    ) -> None:
+        self._cache = cache
+        self.state = state
+        self.keep = keep
+        self.after_put = after_put
+        self.weights: dict[str, ttnn.Tensor] = {}
+        self.formats: dict[str, TensorFormat] = {}
+        self.host: dict[str, torch.Tensor] = {k: state[k] for k in host_keys if k in state}
+
+    def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
+        if name in self.formats:
+            raise ValueError(f"weight {name!r} converted twice")
+        converted = self._cache.as_tensor(name, tensor, fmt)
+        self.formats[name] = fmt
+        if self.keep:
+            self.weights[name] = converted
+        if self.after_put is not None:
+            self.after_put(name)

@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every environment variable the project reads, in one table (after vLLM's ``envs.py``).
+
+Read them as attributes, ``envs.TT_CACHE_PATH``: each read consults ``os.environ`` anew, so a test
+or a parent process that sets a variable is seen at once, and no module keeps a stale copy.
+``describe()`` prints the table (``tt-cache env``).
+
+Variables owned by other programs (the Hugging Face hub's, ttnn's) are read here by their owners'
+rules, so the project agrees with them about where things are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _flag(name: str) -> Callable[[], bool]:
+    return lambda: os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _text(name: str, default: str | None = None) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name) or default
+
+
+def _user_cache_home() -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache`` (the XDG rule the hub and pip follow too)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def _hub_cache() -> Path:
+    """The Hugging Face hub cache by ``huggingface_hub.constants``' own rule, read when asked:
+    ``$HF_HUB_CACHE``, else the legacy ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub`` where
+    ``$HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``. (A test holds this against the
+    library's constants in fresh processes.)"""
+    home = os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(_user_cache_home(), "huggingface"))
+    legacy = os.environ.get("HUGGINGFACE_HUB_CACHE")
+    return Path(os.path.expanduser(os.environ.get("HF_HUB_CACHE") or legacy or os.path.join(home, "hub")))
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    read: Callable[[], Any]
+    help: str
+
+
+ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
+    # -- the weight cache ---------------------------------------------------------------------
+    "TT_CACHE_PATH": EnvVar(
+        lambda: Path(os.environ.get("TT_CACHE_PATH") or _user_cache_home() / "tt-warm-loaders"),
+        "root of the ttnn weight cache (default ~/.cache/tt-warm-loaders)"),
+    "TT_TRANSFORMERS_FORCE_MODEL_LOAD": EnvVar(
+        _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
+        "1: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
+    "TT_PREFETCH_THREADS": EnvVar(
+        _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 0: off)"),
+    "TT_USER_STATE": EnvVar(
+        lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
+        "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),
+    # -- tools --------------------------------------------------------------------------------
+    "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1: tt-cache prints the traceback of an internal error"),
+    "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
+    "TT_GGUF_CACHE": EnvVar(
+        lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
+        "where split GGUFs of the real models are assembled, shared by every model root"),
+    # -- the prefill cache and resynthesis -------------------------------------------------------
+    "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
+        _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),
+    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE": EnvVar(
+        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE", ""), "the in-memory prefill LRU: on/off/auto (the seed's name)"),
+    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES": EnvVar(
+        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES", ""), "entries of the in-memory prefill LRU (the seed's name)"),
+    "TT_CPU_SHARE_DIR": EnvVar(
+        _text("TT_CPU_SHARE_DIR", ""), "where trainers on one host register to share the CPUs (default: a per-user dir)"),
+    "OMP_NUM_THREADS": EnvVar(_text("OMP_NUM_THREADS", ""), "OpenMP's thread count: host forwards use at most this many"),
+    # -- vLLM ------------------------------------------------------------------------------------
+    "TT_VLLM_HOST_PLATFORM": EnvVar(_text("TT_VLLM_HOST_PLATFORM", "1"), "0: leave the platform choice to vLLM"),
+    "TT_VLLM_FORWARD_SIGNALS": EnvVar(
+        _text("TT_VLLM_FORWARD_SIGNALS", "1"), "0: do not forward the engine core's SIGTERM to its main thread"),
+    "TT_VLLM_FREEZE_AT_EXIT": EnvVar(_text("TT_VLLM_FREEZE_AT_EXIT", "1"), "0: do not freeze the heap at exit"),
+    "TT_HOST_THREADS": EnvVar(_text("TT_HOST_THREADS", "1"), "torch threads of the vLLM worker's host forward"),
+    "MESH_DEVICE": EnvVar(_text("MESH_DEVICE", ""), "tt-metal's mesh name (N150, N300, T3K, TG, ...) a vLLM model is laid out for"),
+    "HF_MODEL": EnvVar(_text("HF_MODEL", ""), "tt-metal's checkpoint override; honoured by vLLM only for the model it was asked for"),
+    "MODEL_WEIGHTS_DIR": EnvVar(_text("MODEL_WEIGHTS_DIR", ""), "like HF_MODEL"),
+    # -- the host (no card) ---------------------------------------------------------------------
+    "TT_METAL_MOCK_CLUSTER_DESC_PATH": EnvVar(
+        _text("TT_METAL_MOCK_CLUSTER_DESC_PATH"), "ttnn's mock cluster descriptor (set by the project when no card is present)"),
+    "TT_MOCK_BOARD": EnvVar(_text("TT_MOCK_BOARD", "n150"), "which shipped mock cluster to use: n150 (Wormhole) or p150 (Blackhole)"),
+    # -- the Hugging Face hub (its rules) --------------------------------------------------------
+    "HF_HUB_CACHE": EnvVar(_hub_cache, "the hub cache holding models--org--name/snapshots (hub rules: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)"),
+    "XDG_CACHE_HOME": EnvVar(_user_cache_home, "the user's cache home (default ~/.cache)"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    variable = ENVIRONMENT_VARIABLES.get(name)
+    if variable is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return variable.read()
+
+
+def __dir__() -> list[str]:
+    return sorted(ENVIRONMENT_VARIABLES)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, current value, what it does) for every variable."""
+    return [(name, str(variable.read()), variable.help) for name, variable in ENVIRONMENT_VARIABLES.items()]

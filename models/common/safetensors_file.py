@@ -1,0 +1,232 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Read a checkpoint's safetensors files lazily, under the loader's names (torch).
+
+Each file is memory-mapped and each tensor is a zero-copy view of the mapping
+(:class:`SafetensorsFile`); which files make the checkpoint is :func:`models.common.checkpoint.checkpoint_files`'
+business. The transformers model object is never built just to read weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.common.checkpoint import CheckpointError, KeyRule, checkpoint_files, remap_key
+from models.common.fileio import write_all
+
+
+def safetensors_files(checkpoint_dir: Path) -> dict[str, Path]:
+    """Map every tensor name of the checkpoint to the file holding it."""
+    files = checkpoint_files(checkpoint_dir)
+    if files.weight_map is not None:
+        return {name: checkpoint_dir / shard for name, shard in files.weight_map.items()}
+    single = checkpoint_dir / files.shards[0]
+    return {name: single for name in SafetensorsFile(single).names()}
+
+
+_SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+_DTYPE_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Write ``tensors`` in the format :class:`SafetensorsFile` reads (the ``safetensors``
+    package reads it too), straight from each tensor's memory: no staging copy, and tensors that
+    share storage (tied weights, views of one mapped file) are simply written twice."""
+    names = sorted(tensors)
+    header: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        tensor = tensors[name]
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, struct.pack("<Q", len(raw)) + raw)
+        for name in names:
+            tensor = tensors[name].detach().cpu().contiguous()
+            if tensor.numel():
+                write_all(fd, tensor.reshape(-1).view(torch.uint8).numpy())
+    finally:
+        os.close(fd)
+
+
+class SafetensorsFile:
+    """One safetensors file, memory-mapped; tensors are zero-copy views of the mapping.
+
+    Format: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON mapping each tensor
+    name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the byte
+    after the header), then the data. The mapping is private copy-on-write: the pages are the
+    page cache's (no copy, reclaimable under memory pressure), and an in-place op on a tensor
+    writes to a private copy, never to the checkpoint."""
+
+    MAX_HEADER_BYTES = 100 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            header, length, size = self._open()
+        except OSError as error:
+            raise CheckpointError(f"cannot read {self.path}: {error.strerror or error}") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: the safetensors header is not a JSON object")
+        header.pop("__metadata__", None)
+        self._base = 8 + length
+        self._entries = {name: self._entry(name, info, size - self._base) for name, info in header.items()}
+
+    def _open(self) -> tuple[Any, int, int]:
+        with open(self.path, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            raw = stream.read(8)
+            length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            if not 0 < length <= min(self.MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(f"{self.path} is not a safetensors file (header length {length})")
+            try:
+                header = json.loads(stream.read(length))
+            except ValueError as error:
+                raise CheckpointError(f"{self.path}: unreadable safetensors header ({error})") from None
+            self._mmap = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + length else None
+        return header, length, size
+
+    def _entry(self, name: str, info: Any, data_bytes: int) -> tuple[list[int], torch.dtype, int, int]:
+        try:
+            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{self.path}: bad header entry for {name!r}: {info!r}") from None
+        count = math.prod(shape)
+        if not 0 <= begin <= end <= data_bytes or end - begin != count * dtype.itemsize:
+            raise CheckpointError(f"{self.path}: {name!r} offsets {begin}..{end} do not fit its shape or the file")
+        return shape, dtype, begin, count
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def spec(self, name: str) -> tuple[list[int], torch.dtype]:
+        shape, dtype, _, _ = self._entries[name]
+        return shape, dtype
+
+    def tensor(self, name: str, *, populate: bool = False) -> torch.Tensor:
+        """A view of ``name``'s bytes; ``populate`` maps its pages now (the caller is about to
+        read all of them), else they fault in when touched (lazy: warm starts)."""
+        shape, dtype, begin, count = self._entries[name]
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        if populate:
+            self._populate(self._base + begin, count * dtype.itemsize)
+        flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
+        return flat.reshape(shape)
+
+    def release(self, name: str) -> None:
+        """Drop ``name``'s pages from this process and from the page cache (a streaming seed reads
+        each tensor once). Safe while views of it live: the mapping is private and unmodified,
+        so a later touch reads the bytes from the file again."""
+        _, dtype, begin, count = self._entries[name]
+        if count == 0 or self._mmap is None:
+            return
+        offset = self._base + begin
+        start = offset - offset % mmap.PAGESIZE
+        length = offset + count * dtype.itemsize - start
+        try:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
+            with open(self.path, "rb") as stream:
+                os.posix_fadvise(stream.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError):
+            pass  # only memory is at stake: the pages then stay until the mapping is closed
+
+    def _populate(self, offset: int, length: int) -> None:
+        """Map the tensor's pages in one call (``MADV_POPULATE_READ``, Linux 5.14+): a third
+        faster than taking one page fault per 4 KiB while the loader transposes it."""
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._mmap.madvise(_MADV_POPULATE_READ, start, offset + length - start)
+        except (OSError, ValueError):
+            pass  # older kernel: the pages fault in on first touch instead
+
+
+class CheckpointReader:
+    """Lazy, renamed view of a safetensors checkpoint: ``keys()``, ``spec(key)`` and ``get(key)``.
+
+    Files are memory-mapped once; a tensor is a view of the mapping whose bytes are read when the
+    loader touches them, so peak host memory is what is being converted, not the model."""
+
+    def __init__(self, checkpoint_dir: Path, rules: Sequence[KeyRule]) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self._location: dict[str, tuple[Path, str]] = {}
+        for name, file in safetensors_files(checkpoint_dir).items():
+            key = remap_key(name, rules)
+            if key is not None:
+                self._location[key] = (file, name)
+        self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
+        self._read: list[str] = []  # keys read and not released yet (a streaming seed)
+        self._keep: set[str] = set()
+        self._release_due = False
+
+    def keys(self) -> list[str]:
+        return list(self._location)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._location
+
+    def spec(self, key: str) -> tuple[list[int], torch.dtype]:
+        """Shape and dtype from the safetensors header, without reading the tensor."""
+        file, name = self._location[key]
+        return self._open[file].spec(name)
+
+    def get(self, key: str) -> torch.Tensor:
+        try:
+            file, name = self._location[key]
+        except KeyError:
+            raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
+        if self._release_due:
+            self._release_now()
+        self._read.append(key)
+        return self._open[file].tensor(name, populate=True)
+
+    def release_read(self, keep: Iterable[str] = ()) -> None:
+        """Release the pages of every tensor read so far but those in ``keep`` when the next read
+        begins (see :meth:`SafetensorsFile.release`): until then a weight may still be put from
+        a tensor read before an earlier put (a family reads gate and up, then puts both)."""
+        self._keep = set(keep)
+        self._release_due = True
+
+    def _release_now(self) -> None:
+        for key in self._read:
+            if key not in self._keep:
+                file, name = self._location[key]
+                self._open[file].release(name)
+        self._read.clear()
+        self._release_due = False
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for key in self._location:
+            yield key, self.get(key)
+
+    def close(self) -> None:
+        self._open.clear()

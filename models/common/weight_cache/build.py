@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The build transaction: the one way a cold build, a streaming seed and a Ray seed write a cache.
+
+::
+
+    with BuildTransaction(paths) as build:      # the build lock (waits for another builder)
+        if build.locked and <the gate now says warm>:
+            return <warm load>                    # another builder finished while this one waited
+        root = build.open_generation()           # g<time>-<token>/ with its record and lease
+        ... write every file into root ...
+        build.commit(marker, files, host_sidecar) # hash + stamp every file, publish the marker,
+                                                  # retire the generations it replaced
+
+Any exception before ``commit`` returns (a missing tensor, an OOM, the stall watchdog's interrupt)
+removes the generation the transaction made: a failed build leaves nothing behind. A build killed
+outright leaves its generation with its record, and the next holder of the build lock removes it.
+Marking a build complete through the seed API (:func:`mark_weight_cache_complete`, files at the top
+of the cache dir, written by the caller) seals and publishes the same way, without a generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from loguru import logger
+
+from models.common.fileio import atomic_write_bytes
+from models.common.weight_cache.generations import (
+    Generation,
+    LockState,
+    adopt_generation,
+    build_lock,
+    read_record,
+    retire_unnamed,
+)
+from models.common.weight_cache.layout import (
+    TENSORBIN_SUFFIX,
+    VariantPaths,
+    canonical_variant,
+    list_cache_files,
+    normalize_components,
+    normalize_mesh_shape,
+    variant_unverifiable,
+)
+from models.common.weight_cache.marker import (
+    FileRecord,
+    WeightCacheMarker,
+    forget_markers,
+    marker_json,
+    named_generation,
+    safe_relative_path,
+)
+from models.common.weight_cache.stamps import hash_stamped, settle_wait
+from models.common.weight_cache.usage import touch_last_used
+
+SEAL_THREADS = 4
+
+
+def seal_files(root: Path, relatives: Sequence[str], prefix: str = "") -> tuple[tuple[FileRecord, ...], int]:
+    """Hash and stamp every file (several at once) once the newest has settled; returns the
+    records (paths ``prefix + relative``) and the earliest moment a hash began (the marker's
+    ``verified_ns``). A missing file raises ``OSError``."""
+    files = [root / relative for relative in relatives]
+    settle_wait(files)
+    with ThreadPoolExecutor(min(SEAL_THREADS, max(1, len(files))), thread_name_prefix="seal") as pool:
+        hashed = list(pool.map(hash_stamped, files))
+    records = tuple(FileRecord(prefix + relative, stamp.size, digest, stamp)
+                    for relative, (stamp, digest, _) in zip(relatives, hashed))
+    return records, min((verified for _, _, verified in hashed), default=0)
+
+
+def publish_marker(paths: VariantPaths, marker: WeightCacheMarker) -> None:
+    """Write the marker atomically: from here on readers see this build."""
+    atomic_write_bytes(paths.marker, marker_json(marker))
+    forget_markers()
+
+
+class BuildTransaction:
+    """One cold build of one variant, from the build lock to the marker (see the module doc)."""
+
+    def __init__(self, paths: VariantPaths, *, blocking: bool = True) -> None:
+        self.paths = paths
+        self.blocking = blocking
+        self.lock = LockState(False, "not entered")
+        self.generation: Generation | None = None
+        self.committed: WeightCacheMarker | None = None
+        self.timings: dict[str, float] = {}  # seal (hash + stamp), publish (marker), retire
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> BuildTransaction:
+        self.lock = self._stack.enter_context(build_lock(self.paths, blocking=self.blocking))
+        if self.lock.held:
+            retire_unnamed(self.paths)  # what killed builds and leased readers left
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        try:
+            if self.generation is not None and self.committed is None:
+                self.generation.remove()
+        finally:
+            self._stack.close()
+
+    @property
+    def locked(self) -> bool:
+        return self.lock.held
+
+    def open_generation(self) -> Path:
+        """Make this build's generation (with its record, lease held) and return its directory.
+        Raises ``OSError`` when the cache cannot be written."""
+        if not self.lock.held:
+            raise PermissionError(f"{self.paths.cache_dir} is not writable: {self.lock.why}")
+        self.generation = Generation(self.paths)
+        return self.generation.path
+
+    def commit(self, marker: WeightCacheMarker, files: Sequence[str], host_sidecar: str | None = None) -> WeightCacheMarker:
+        """Seal ``files`` (and the sidecar; paths relative to the generation), publish the marker
+        and retire what it replaced. Returns the marker as published."""
+        generation = self.generation
+        if generation is None:
+            raise RuntimeError("commit() before open_generation()")
+        prefix = f"{generation.name}/"
+        start = time.perf_counter()
+        records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix)
+        sealed_at = time.perf_counter()
+        sealed = dataclasses.replace(marker, generation=generation.name, files=records[:len(files)],
+                                     host_sidecar=records[len(files)] if host_sidecar else None, verified_ns=verified_ns)
+        previous = named_generation(self.paths.marker)
+        if previous and read_record(self.paths.generation_dir(previous)) is None:
+            adopt_generation(self.paths, previous)  # an older format's generation: removable once replaced
+        publish_marker(self.paths, sealed)
+        published_at = time.perf_counter()
+        self.committed = sealed
+        generation.release()
+        touch_last_used(self.paths)
+        retired = retire_unnamed(self.paths)
+        self.timings = {"seal": sealed_at - start, "publish": published_at - sealed_at,
+                        "retire": time.perf_counter() - published_at}
+        if retired.leased:
+            logger.info(f"{self.paths.cache_dir}: {len(retired.leased)} older generation(s) still leased by readers; "
+                        "the next build, gc or warm start retires them")
+        return sealed
+
+
+# --------------------------------------------------------------------------------------------
+# The seed API: a caller wrote the tensorbins itself
+# --------------------------------------------------------------------------------------------
+
+
+def mark_weight_cache_complete(
+    cache_path: str | os.PathLike,
+    state_dict: Mapping[str, Any],
+    *,
+    model_name: str,
+    n_layers: int,
+    mesh_shape: Any,
+    components: str | Iterable[str] | None = None,
+    build_variant: Mapping[str, Any] | None = None,
+    is_moe: bool = False,
+    is_host_weight: Callable[[str], bool] | None = None,
+    model_config: Mapping[str, Any] | None = None,
+    model_info: Mapping[str, Any] | None = None,
+    cache_files: Iterable[str] | None = None,
+    model_id: str | None = None,
+    content_id: str | None = None,
+) -> bool:
+    """Record that a full build of this variant wrote every tensorbin it needs. Returns success.
+
+    Call it only after the whole model was built, with the tensorbins at the top of
+    ``cache_path`` (the seed API's layout; the project's own builds use :class:`BuildTransaction`).
+    ``state_dict`` gives the manifest (each weight's shape and dtype); weights matching
+    ``is_host_weight`` are saved real to the safetensors sidecar. ``cache_files`` (relative paths,
+    default: every tensorbin found) are hashed and stamped. The marker is published last, by atomic
+    rename. Failing to write (read-only or full disk) only warns: the build it records succeeded."""
+    from models.common.weight_cache.host_sidecar import write_host_sidecar
+    from models.common.weight_cache.placeholders import manifest_of
+
+    paths = VariantPaths(Path(cache_path), build_variant)
+    if variant_unverifiable(build_variant):
+        logger.warning(f"Not marking {cache_path} complete: its build variant could not be computed")
+        return False
+    manifest, host = manifest_of(state_dict, is_host_weight)
+    try:
+        files = sorted({safe_relative_path(f) for f in cache_files}) if cache_files is not None \
+            else list_cache_files(paths.cache_dir)
+        if not files:
+            logger.warning(f"Not marking {paths.cache_dir} complete: no {TENSORBIN_SUFFIX} files in it")
+            return False
+        if host:
+            write_host_sidecar(paths.file(paths.host_sidecar_name), host)
+        records, verified_ns = seal_files(paths.cache_dir, [*files, *([paths.host_sidecar_name] if host else [])])
+        marker = WeightCacheMarker(
+            model_name=model_name, model_id=model_id or model_name, content_id=content_id, generation=None,
+            n_layers=n_layers, mesh_shape=normalize_mesh_shape(mesh_shape),
+            components=tuple(normalize_components(components)), build_variant=canonical_variant(build_variant),
+            is_moe=bool(is_moe), model_info=dict(model_info or {}),
+            model_config=dict(model_config) if model_config is not None else None,
+            files=records[:len(files)], host_weights=tuple(sorted(host)),
+            host_sidecar=records[len(files)] if host else None, weights=manifest, verified_ns=verified_ns)
+        publish_marker(paths, marker)
+    except Exception as error:  # noqa: BLE001 - recording completion must never fail a finished build
+        logger.warning(f"Could not mark weight cache {paths.cache_dir} complete: {error}")
+        return False
+    touch_last_used(paths)
+    logger.info(f"Marked weight cache complete: {paths.marker} ({len(manifest)} weights, {len(host)} on host)")
+    return True
+
+
+def invalidate_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> None:
+    """Withdraw a variant's marker: its files are no longer vouched for (``tt-cache clean
+    --invalidate``, eviction, and callers of the seed API that rewrite files in place)."""
+    try:
+        VariantPaths(Path(cache_dir), build_variant).marker.unlink(missing_ok=True)
+    except OSError as error:
+        logger.warning(f"Could not withdraw weight-cache marker in {cache_dir}: {error}")
+    forget_markers()

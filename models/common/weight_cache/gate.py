@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The completeness gate: whether a warm build of exactly this model is safe, and if not, why.
+
+No torch, no ttnn: tools that only look at caches (``tt-cache ls/check/verify``, CI validate jobs)
+start in milliseconds.
+
+**Stat-fast, hash-sure.** The marker must be valid and record this model (by content id, and by
+model id for a cache-only load), layer count, mesh shape, variant and at least these components;
+every file it records must exist with its recorded size. A file whose stamp is the one recorded
+when the build hashed it, and settled (:mod:`~models.common.weight_cache.stamps`), is trusted on
+``stat`` alone; any other (replaced, rewritten, copied, restored, or hashed within its racy tick)
+is re-hashed, and a digest mismatch is cold. Re-verified stamps go to the variant's stamp index
+(or the user's, on a read-only cache), so the next start is stat-only again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from stat import S_ISREG
+from typing import Any
+
+from loguru import logger
+
+from models.common.weight_cache.layout import (
+    VariantPaths,
+    canonical_variant,
+    normalize_components,
+    normalize_mesh_shape,
+    variant_unverifiable,
+)
+from models.common.weight_cache.marker import FileRecord, WeightCacheError, WeightCacheMarker, read_marker
+from models.common.weight_cache.usage import model_ids
+from models.common.weight_cache.stamps import COARSE_TICK_NS, FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
+
+DEFAULT_FORCE_ENV = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
+VERIFY_THREADS = 4
+
+
+@dataclass(frozen=True)
+class CacheStatus:
+    """The gate's answer: ``warm`` and, when cold, the first failed check in words."""
+
+    warm: bool
+    reason: str
+    marker: WeightCacheMarker | None = None
+    # stamps of files verified by re-hashing or from the stamp index (others match the marker's)
+    restamped: Mapping[str, FileStamp] = field(default_factory=dict)
+
+    def verified_stamps(self) -> dict[str, FileStamp | None]:
+        """Every recorded file's stamp as the gate verified it: a loader re-checks it right
+        before opening the file, so a file replaced after the gate is never mapped."""
+        if self.marker is None:
+            return {}
+        return {r.path: self.restamped.get(r.path, r.stamp) for r in self.marker.all_files()}
+
+    def __bool__(self) -> bool:
+        return self.warm
+
+
+def _cold(reason: str) -> CacheStatus:
+    return CacheStatus(False, reason)
+
+
+def _stat(root: str, record: FileRecord, dir_fd: int | None) -> tuple[os.stat_result | None, str | None]:
+    try:
+        # relative to an open fd of the cache dir: a shorter lookup per file, ~15% faster on 10,000
+        info = os.stat(record.path, dir_fd=dir_fd) if dir_fd is not None else os.stat(os.path.join(root, record.path))
+    except OSError as error:
+        return None, f"{record.path} is missing ({error.strerror})"
+    if not S_ISREG(info.st_mode):
+        return None, f"{record.path} is not a regular file"
+    if info.st_size != record.bytes:
+        return None, f"{record.path} is {info.st_size:,} bytes, marker says {record.bytes:,}"
+    return info, None
+
+
+def _rehash(root: str, record: FileRecord) -> tuple[str | None, FileStamp | None, int]:
+    """(problem, stamp, verified_ns) of a fresh hash of a recorded file."""
+    try:
+        stamp, digest, verified_ns = hash_stamped(os.path.join(root, record.path))
+    except OSError as error:
+        return f"{record.path} is unreadable ({error.strerror or error})", None, 0
+    if digest != record.digest:
+        return f"{record.path} content differs from the digest recorded at build time", None, 0
+    return None, stamp, verified_ns
+
+
+def check_files(paths: VariantPaths, marker: WeightCacheMarker) -> tuple[str | None, dict[str, FileStamp]]:
+    """(the first problem with the marker's files or None, stamps verified beyond the marker's)."""
+    root = os.fspath(paths.cache_dir)
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        return f"cannot open cache dir {root}: {error.strerror}", {}
+    suspects: list[tuple[FileRecord, os.stat_result]] = []
+    verified_ns, tick = marker.verified_ns, None
+    try:
+        for record in marker.all_files():
+            info, problem = _stat(root, record, dir_fd)
+            if problem:
+                return problem, {}
+            mtime, ctime = info.st_mtime_ns, info.st_ctime_ns
+            if (info.st_ino, info.st_size, mtime, ctime) == record.stamp:
+                if tick is None:
+                    tick = timestamp_tick_ns(root, os.stat(dir_fd))
+                whole_seconds = mtime % 1_000_000_000 == 0 and ctime % 1_000_000_000 == 0
+                if max(mtime, ctime) + (COARSE_TICK_NS if whole_seconds else tick) <= verified_ns:
+                    continue
+            suspects.append((record, info))
+    finally:
+        os.close(dir_fd)
+    if not suspects:
+        return None, {}
+    index = StampIndex(paths.stamp_index, paths.user_stamp_index)
+    restamped: dict[str, FileStamp] = {}
+    for record, info in suspects:
+        stamp = FileStamp.of(info)
+        if index.lookup(record.path, stamp) == record.digest:
+            restamped[record.path] = stamp
+            continue
+        problem, fresh, hashed_ns = _rehash(root, record)
+        if problem:
+            return problem, {}
+        if fresh != stamp:
+            return f"{record.path} changed while it was being verified", {}
+        restamped[record.path] = fresh
+        index.record(record.path, fresh, record.digest, hashed_ns, timestamp_tick_ns(os.path.join(root, record.path), info))
+    index.save(keep=[record.path for record in marker.all_files()])
+    return None, restamped
+
+
+def weight_cache_status(
+    cache_dir: str | os.PathLike,
+    *,
+    model_name: str,
+    n_layers: int,
+    mesh_shape: Any,
+    components: str | Iterable[str] | None = None,
+    build_variant: Mapping[str, Any] | None = None,
+    force_env: str | None = DEFAULT_FORCE_ENV,
+    content_id: str | None = None,
+    model_id: str | None = None,
+) -> CacheStatus:
+    """Whether a warm build of exactly this model is safe, and if not, why (never raises for a
+    bad cache: it answers cold).
+
+    ``content_id`` (the checkpoint's, when its weights are here) must be the one the marker
+    records; then the readable ``model_name`` may differ (the same weights under another folder
+    name share the cache). ``model_id`` (a cache-only load: no weights here) must be the recorded
+    model id, org included, or one this build was loaded warm as
+    (:func:`~models.common.weight_cache.usage.model_ids`)."""
+    if is_forced(None, force_env):
+        return _cold(f"cold build forced by {force_env}=1")
+    if variant_unverifiable(build_variant):
+        return _cold(f"build variant could not be computed ({build_variant.get('error', 'unknown error')})")
+    paths = VariantPaths(Path(cache_dir), build_variant)
+    try:
+        marker = read_marker(paths.cache_dir, build_variant)
+    except WeightCacheError as error:
+        return _cold(str(error))
+    checks = (
+        (content_id is None or marker.content_id == content_id,
+         lambda: f"marker is for checkpoint content {str(marker.content_id)[:16]}, not {str(content_id)[:16]} "
+                 "(these are other weights)"),
+        (model_id is None or marker.model_id == model_id or model_id in model_ids(paths),
+         lambda: f"marker was built from model {marker.model_id!r}, not {model_id!r}"),
+        (content_id is not None or model_id is not None or marker.model_name == model_name,
+         lambda: f"marker is for model {marker.model_name!r}, not {model_name!r}"),
+        (marker.n_layers == n_layers, lambda: f"marker is for {marker.n_layers} layers, not {n_layers}"),
+        (marker.mesh_shape == normalize_mesh_shape(mesh_shape),
+         lambda: f"marker is for mesh {marker.mesh_shape}, not {normalize_mesh_shape(mesh_shape)}"),
+        (set(normalize_components(components)) <= set(marker.components),
+         lambda: f"marker covers components {list(marker.components)}, build needs {normalize_components(components)}"),
+        (marker.build_variant == canonical_variant(build_variant),
+         lambda: f"marker variant {marker.build_variant!r} != {build_variant!r}"),
+    )
+    for passed, reason in checks:
+        if not passed:
+            return _cold(reason())
+    problem, restamped = check_files(paths, marker)
+    if problem:
+        kind = "host sidecar" if marker.host_sidecar is not None and problem.startswith(marker.host_sidecar.path + " ") \
+            else "tensorbin"
+        return _cold(f"{kind} {problem}")
+    return CacheStatus(True, "complete", marker, restamped)
+
+
+def weight_cache_is_complete(
+    cache_path: str | os.PathLike,
+    *,
+    model_name: str,
+    n_layers: int,
+    mesh_shape: Any,
+    components: str | Iterable[str] | None = None,
+    build_variant: Mapping[str, Any] | None = None,
+    force_env: str | None = DEFAULT_FORCE_ENV,
+) -> bool:
+    """True when a warm build from ``cache_path`` is safe (the seed's name for
+    :func:`weight_cache_status`, which also says why not)."""
+    status = weight_cache_status(cache_path, model_name=model_name, n_layers=n_layers, mesh_shape=mesh_shape,
+                                 components=components, build_variant=build_variant, force_env=force_env)
+    if not status.warm:
+        logger.info(f"Weight cache {cache_path} is cold: {status.reason}")
+    return status.warm
+
+
+def marker_status(cache_dir: str | os.PathLike, marker: WeightCacheMarker) -> CacheStatus:
+    """The gate for the build a marker records (what ``tt-cache check`` asks of each variant)."""
+    return weight_cache_status(cache_dir, model_name=marker.model_name, n_layers=marker.n_layers,
+                               mesh_shape=marker.mesh_shape, components=marker.components,
+                               build_variant=marker.build_variant, force_env=None)
+
+
+def is_forced(force: bool | None, force_env: str | None = DEFAULT_FORCE_ENV) -> bool:
+    """``force`` when given, else the environment switch (``TT_TRANSFORMERS_FORCE_MODEL_LOAD=1``,
+    tt-metal's name, by default)."""
+    if force is not None:
+        return force
+    return bool(force_env) and os.environ.get(force_env, "").strip() == "1"
+
+
+def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> list[str]:
+    """Deep check: re-hash every recorded file (several at once). One line per file that differs
+    (empty: intact)."""
+    try:
+        marker = read_marker(cache_dir, build_variant)
+    except WeightCacheError as error:
+        return [str(error)]
+    root = os.fspath(cache_dir)
+
+    def problem_of(record: FileRecord) -> str | None:
+        return _stat(root, record, None)[1] or _rehash(root, record)[0]
+
+    with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="verify") as pool:
+        return [problem for problem in pool.map(problem_of, marker.all_files()) if problem]

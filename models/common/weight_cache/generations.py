@@ -1,0 +1,385 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build generations of one cache dir: one builder at a time, readers never blocked or broken,
+and nothing removed that a record does not prove this variant's builds made.
+
+Every cold build writes into a fresh ``g<time>-<token>/`` and publishes its marker last, so readers
+of the previous marker keep loading the previous generation's files until the switch. The rules,
+in one place:
+
+* **Build lock** ``<cache_dir>/.build.lock``: an exclusive ``flock`` held by the builder from the
+  first check to the marker; the holder writes its host and pid into it, so a waiting builder can
+  say whom it waits for. Readers never take it. The lock file is opened read-write (NFSv4 grants
+  exclusive locks only so), read-only where it is another user's (a local file system locks it
+  all the same), and where neither locks, a per-user lock stands in (say so: two users may then
+  build at once, each into its own generation, which is safe but wasteful).
+* **Ownership record** ``<generation>/.generation``: written when the generation is made, before
+  any file: the variant tag, the build id, host and pid. A directory is a generation of a variant
+  only if it is a real directory (no symlink) named like one and holds a record that names it and
+  the variant. Everything else in a cache dir, a user's folder or another model's cache, is never
+  touched.
+* **Leases** ``<generation>/.readers``: a reader holds a shared ``flock`` on it while it opens the
+  generation's files (``ttnn.load_tensor`` maps them; a mapping outlives the unlink), and the
+  builder holds one for as long as it writes. Nobody waits for it: a refused lease means the
+  generation is being retired, and the reader reads the (by then newer) marker again.
+* **Retirement**, by whoever holds the build lock (a build after publishing, ``gc``, ``clean``,
+  and a warm start that finds the lock free): a generation of this variant that no marker names and
+  whose lease can be taken exclusively is renamed aside (atomically, out of every reader's path)
+  and then deleted; one still leased is left for the next holder. A build that fails removes its
+  own generation at once; a killed one leaves it to the next holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from models.common.fileio import atomic_write_bytes, open_lock_file, try_flock
+from models.common.weight_cache.layout import (
+    GENERATION_PREFIX,
+    GENERATION_RECORD,
+    READERS_LEASE,
+    RETIRED_PREFIX,
+    VariantPaths,
+    is_generation_name,
+    is_marker_name,
+    tree_bytes,
+)
+from models.common.weight_cache.marker import named_generation
+
+MAX_RECORD_BYTES = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# Ownership
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """Who made a generation: the proof :func:`owned_generations` asks for before removing it."""
+
+    name: str
+    variant: str  # the variant tag
+    build: str
+    created_ns: int
+    host: str
+    pid: int
+
+    def as_json(self) -> bytes:
+        return json.dumps({"name": self.name, "variant": self.variant, "build": self.build,
+                           "created_ns": self.created_ns, "host": self.host, "pid": self.pid}).encode()
+
+
+def _parse_record(directory: Path) -> GenerationRecord | None:
+    """The regular-file record inside ``directory`` (never through a symlink), parsed."""
+    try:
+        fd = os.open(directory / GENERATION_RECORD, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        body = json.loads(os.read(fd, MAX_RECORD_BYTES))
+        return GenerationRecord(str(body["name"]), str(body["variant"]), str(body["build"]),
+                                int(body["created_ns"]), str(body["host"]), int(body["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_record(directory: Path) -> GenerationRecord | None:
+    """The record of a generation directory, or None unless ``directory`` is a real directory
+    named like a generation whose record names it."""
+    if not is_generation_name(directory.name) or not _is_real_dir(directory):
+        return None
+    record = _parse_record(directory)
+    return record if record is not None and record.name == directory.name else None
+
+
+def owned_generations(paths: VariantPaths) -> list[str]:
+    """Names of the generations in ``paths.cache_dir`` whose records name this variant."""
+    owned = []
+    with contextlib.suppress(OSError), os.scandir(paths.cache_dir) as entries:
+        for entry in entries:
+            if is_generation_name(entry.name):
+                record = read_record(Path(entry.path))
+                if record is not None and record.variant == paths.tag:
+                    owned.append(entry.name)
+    return sorted(owned)
+
+
+def named_generations(paths: VariantPaths) -> set[str]:
+    """Generations some marker of the dir names (any variant's, any format version): never retired."""
+    named = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(paths.cache_dir):
+            if is_marker_name(name) and (generation := named_generation(paths.cache_dir / name)):
+                named.add(generation)
+    return named
+
+
+# --------------------------------------------------------------------------------------------
+# Making a generation (the builder's side)
+# --------------------------------------------------------------------------------------------
+
+
+class Generation:
+    """A generation being written: its directory exists with its record and lease, and the builder
+    holds the lease shared until :meth:`release`, so no retirement can take it meanwhile."""
+
+    def __init__(self, paths: VariantPaths) -> None:
+        self.paths = paths
+        self.build = secrets.token_hex(3)
+        self.name = f"{GENERATION_PREFIX}{time.time_ns():x}-{self.build}"
+        self.path = paths.generation_dir(self.name)
+        self.path.mkdir(parents=True)
+        lease = self.path / READERS_LEASE
+        self._lease_fd: int | None = os.open(lease, os.O_RDWR | os.O_CREAT, 0o644)
+        with contextlib.suppress(OSError):  # a file system without flock: nothing can retire it either
+            fcntl.flock(self._lease_fd, fcntl.LOCK_SH)
+        record = GenerationRecord(self.name, paths.tag, self.build, time.time_ns(), socket.gethostname(), os.getpid())
+        atomic_write_bytes(self.path / GENERATION_RECORD, record.as_json())
+
+    def release(self) -> None:
+        if self._lease_fd is not None:
+            os.close(self._lease_fd)
+            self._lease_fd = None
+
+    def remove(self) -> None:
+        """Delete this build's own generation (it failed): it is ours by construction."""
+        self.release()
+        if retire(self.paths, self.name) is None:
+            logger.warning(f"Could not remove the failed build's generation {self.path}; the next build or "
+                           f"'tt-cache clean' removes it")
+
+
+# --------------------------------------------------------------------------------------------
+# Locks and leases
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockState:
+    """How the build lock is held: ``held`` (by this process, shared lock file or per-user
+    stand-in), else ``busy`` (another process holds it) or not lockable at all; ``why`` says which."""
+
+    held: bool
+    why: str = ""
+    busy: bool = False
+
+
+def _lock(fd: int, cache_dir: Path) -> None:
+    if not try_flock(fd, exclusive=True):
+        holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+        logger.info(f"Waiting for the builder of {cache_dir} ({holder})")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    with contextlib.suppress(OSError):  # a read-only lock file cannot say who holds it
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+
+
+def _acquire(lock_path: Path, cache_dir: Path, blocking: bool, create: bool = True) -> tuple[int | None, LockState]:
+    """Open and lock one lock file: (the descriptor holding it, or None when another holds it)."""
+    fd = open_lock_file(lock_path, create=create)
+    try:
+        if blocking:
+            _lock(fd, cache_dir)
+        elif not try_flock(fd, exclusive=True):
+            os.close(fd)
+            return None, LockState(False, f"another process holds {lock_path}", busy=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, LockState(True)
+
+
+def _user_fallback(paths: VariantPaths, blocking: bool) -> tuple[int | None, LockState]:
+    why = f"{paths.build_lock} cannot be locked by this user; using a per-user lock (another user may build at once)"
+    logger.warning(f"{paths.cache_dir}: {why}")
+    try:
+        paths.user_build_lock.parent.mkdir(parents=True, exist_ok=True)
+        fd, state = _acquire(paths.user_build_lock, paths.cache_dir, blocking)
+    except OSError as error:
+        return None, LockState(False, f"{why}, which cannot be taken either ({error.strerror or error})")
+    return fd, LockState(True, why) if state.held else state
+
+
+@contextlib.contextmanager
+def build_lock(paths: VariantPaths, *, blocking: bool = True, create: bool = True) -> Iterator[LockState]:
+    """Hold the cache dir's build lock for the block (see the module doc for the fallbacks).
+
+    ``blocking=False`` yields ``LockState(False, busy=True)`` at once when another holder has it.
+    ``create=False`` (tools that only tidy up) makes no directory and no lock file: where there
+    is none, no builder can be at work, and the lock is reported held."""
+    if not create and not paths.build_lock.exists():
+        yield LockState(True, "no build lock file: no builder")
+        return
+    try:
+        if create:
+            paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, state = _acquire(paths.build_lock, paths.cache_dir, blocking, create)
+    except OSError as error:  # NFSv4 refuses an exclusive lock on a read-only descriptor (EBADF)
+        if error.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL):
+            yield LockState(False, f"cannot open or lock {paths.build_lock} ({error.strerror or error})")
+            return
+        fd, state = _user_fallback(paths, blocking)
+    try:
+        yield state
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def reader_lease(paths: VariantPaths, generation: str | None) -> Iterator[bool]:
+    """Hold a shared lease on a generation while its files are opened. Yields False at once when
+    the generation is gone or being retired (the caller re-reads the marker)."""
+    if not generation:  # files at the top level (seed API): nothing is ever retired there
+        yield True
+        return
+    try:
+        fd = os.open(paths.generation_dir(generation) / READERS_LEASE, os.O_RDONLY)
+    except FileNotFoundError:
+        yield False
+        return
+    except OSError:  # an unreadable lease (another user's cache): open the files unleased
+        yield True
+        return
+    try:
+        try:
+            leased = try_flock(fd, exclusive=False)
+        except OSError:  # a file system without flock: open the files unleased
+            leased = True
+        yield leased and paths.generation_dir(generation).is_dir()
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Retirement
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Retirement:
+    """What one retirement pass did: ``retired`` names and bytes freed, ``leased`` left for later."""
+
+    retired: list[str]
+    leased: list[str]
+    freed_bytes: int = 0
+
+
+def retire_unnamed(paths: VariantPaths) -> Retirement:
+    """Retire every generation of this variant that no marker names and no reader holds, and the
+    debris of killed retirements (call with the build lock held)."""
+    keep = named_generations(paths)
+    result = Retirement([], [])
+    for name in owned_generations(paths):
+        if name in keep:
+            continue
+        freed = retire(paths, name)
+        if freed is None:
+            result.leased.append(name)
+        else:
+            result.retired.append(name)
+            result.freed_bytes += freed
+    result.freed_bytes += _remove_retired_debris(paths)
+    return result
+
+
+def retire(paths: VariantPaths, name: str) -> int | None:
+    """Rename one owned generation aside and delete it, unless a lease is held on it. Returns the
+    bytes freed, or None when it is leased, not this variant's, or cannot be renamed."""
+    directory = paths.generation_dir(name)
+    record = read_record(directory)
+    if record is None or record.variant != paths.tag:
+        return None
+    try:
+        fd = open_lock_file(directory / READERS_LEASE, create=False)
+    except FileNotFoundError:
+        fd = None  # the lease file was removed: nobody can hold it
+    except OSError:
+        return None
+    try:
+        if fd is not None:
+            try:
+                if not try_flock(fd, exclusive=True):
+                    return None  # a reader or its builder: the next holder of the build lock retires it
+            except OSError:
+                return None
+        aside = paths.cache_dir / f"{RETIRED_PREFIX}{name}-{secrets.token_hex(3)}"
+        try:
+            os.rename(directory, aside)
+        except OSError:
+            return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    freed = tree_bytes(aside)
+    _delete_tree(aside)
+    logger.info(f"Retired build generation {name} of {paths.cache_dir}")
+    return freed
+
+
+def _remove_retired_debris(paths: VariantPaths) -> int:
+    """Delete renamed-aside generations of this variant left by a killed retirement."""
+    freed = 0
+    with contextlib.suppress(OSError), os.scandir(paths.cache_dir) as entries:
+        for entry in entries:
+            if not entry.name.startswith(RETIRED_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            record = _parse_record(Path(entry.path))
+            if record is not None and record.variant == paths.tag and entry.name.startswith(RETIRED_PREFIX + record.name):
+                freed += tree_bytes(entry.path)
+                _delete_tree(Path(entry.path))
+    return freed
+
+
+def _delete_tree(path: Path) -> None:
+    """``rmtree`` of a directory this module owns; it never follows a symlink (Python walks by
+    file descriptors here) and refuses a path that is itself a symlink."""
+    if _is_real_dir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def adopt_generation(paths: VariantPaths, name: str) -> bool:
+    """Give a record to a generation an older format's marker of this variant names (those had
+    no records), so this variant's next retirement may remove it. Only a real directory named
+    like a generation and holding a lease file is adopted."""
+    directory = paths.generation_dir(name)
+    try:
+        if not is_generation_name(name) or not _is_real_dir(directory):
+            return False
+        if not stat.S_ISREG(os.lstat(directory / READERS_LEASE).st_mode):
+            return False
+    except OSError:
+        return False
+    if read_record(directory) is not None:
+        return True
+    record = GenerationRecord(name, paths.tag, "adopted", time.time_ns(), socket.gethostname(), os.getpid())
+    try:
+        atomic_write_bytes(directory / GENERATION_RECORD, record.as_json())
+    except OSError:
+        return False
+    return True

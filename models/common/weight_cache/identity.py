@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a checkpoint's weights are: its content id, the key of its cache; no torch.
+
+The content id is a SHA-256 over ``<relative path>:<SHA-256>`` of every file that decides the
+converted weights: ``config.json``, the shard index and every shard it names (any subfolder), or
+the single ``model.safetensors`` (:func:`models.common.checkpoint.checkpoint_files`). The same
+weights reached as an HF id, a local copy or a hub snapshot get one id; any changed byte another.
+
+Every file is hashed once, on first sight, and recognised afterwards by its stamp
+(:mod:`~models.common.weight_cache.stamps`), kept in the cache root where every client of the
+same export finds what the seeder verified. Hub blobs are hashed too, not trusted by their name:
+a blob whose bytes differ from its SHA-256 name (a torn download, an edit through the snapshot
+symlink) is identified by what it holds, so it can never pass for the genuine weights.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from loguru import logger
+
+from models.common.checkpoint import CheckpointError, checkpoint_files
+from models.common.fileio import sha256_bytes
+from models.common.weight_cache.stamps import FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
+
+_SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def hub_blob_name(path: Path) -> str | None:
+    """The SHA-256 a hub snapshot's symlink claims for its file (``blobs/<sha256>``), if any."""
+    if not path.is_symlink():
+        return None
+    target = Path(os.readlink(path)).name
+    return target if _SHA256_NAME.fullmatch(target) else None
+
+
+def file_sha256(path: Path, relative: str, stamps: StampIndex) -> str:
+    """A checkpoint file's SHA-256: from ``stamps`` while its stamp is unchanged, else hashed."""
+    try:
+        info = os.stat(path)
+        known = stamps.lookup(relative, FileStamp.of(info))
+        if known is not None:
+            return known
+        stamp, digest, verified_ns = hash_stamped(path, "sha256")
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint file {path}: {error.strerror or error}") from None
+    claimed = hub_blob_name(path)
+    if claimed is not None and claimed != digest:
+        logger.warning(f"{path}: the hub blob named {claimed[:12]}... holds other bytes (SHA-256 {digest[:12]}...): "
+                       f"a torn download or an edit through the snapshot; its cache is that content's, not the blob's")
+    stamps.record(relative, stamp, digest, verified_ns, timestamp_tick_ns(path, info))
+    return digest
+
+
+def content_id(checkpoint_dir: Path, stamps: StampIndex) -> str:
+    """SHA-256 over the checkpoint's weight-deciding files' SHA-256s (see the module doc)."""
+    names = checkpoint_files(checkpoint_dir).identity_files
+    lines = [f"{name}:{file_sha256(checkpoint_dir / name, name, stamps)}" for name in names]
+    stamps.save(keep=names)
+    return sha256_bytes("\n".join(lines).encode())

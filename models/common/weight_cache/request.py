@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which cache one build of one model uses, and whether it is warm: everything a load decides
+before it converts anything, without torch or ttnn (``tt-cache seed --check`` runs on a light
+install, and a loader delegates here).
+
+* **The cache dir** is found by what the weights are, not by a folder name:
+  ``<root>/<name>--<content id>/<precision>/mesh_<r>x<c>[-layers<n>]``. The same weights under
+  any folder name, HF id or hub snapshot share one cache (``<name>`` is only for people); different
+  weights never do. With no weights on this machine (a cache-only deploy) it is the one cache
+  whose marker records this model id (or that was loaded warm under it); none or several is an
+  error that lists them. An explicit ``cache_dir=`` is checked the same way, by the gate.
+* **The config** is the checkpoint's; a cache-only deploy's own ``config.json`` must agree with
+  the one the cache was built with wherever it changes the computation (another ``rope_theta``
+  on the same tensors would run warm and wrong), else it is an error naming the fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from models.common.checkpoint import (
+    CONFIG_FILE,
+    CheckpointError,
+    checkpoint_name,
+    has_weights,
+    model_id,
+    read_config,
+    resolve_checkpoint_dir,
+)
+from models.common.weight_cache.gate import CacheStatus, weight_cache_status
+from models.common.weight_cache.identity import content_id
+from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir
+from models.common.weight_cache.marker import WeightCacheError, read_marker
+from models.common.weight_cache.stamps import StampIndex
+from models.common.weight_cache.usage import model_ids
+
+# config.json fields that do not change what the cached weights compute (how the checkpoint was
+# stored, which tokens start and stop generation, bookkeeping): a cache-only deploy may differ in them
+CONFIG_FIELDS_OUTSIDE_THE_FORWARD = frozenset({
+    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
+    "eos_token_id", "pad_token_id", "output_attentions", "output_hidden_states", "return_dict",
+})
+
+
+@dataclass
+class CacheRequest:
+    """One build's cache: ``model`` (HF id, checkpoint dir or hub snapshot), its ``build_variant``
+    and where it sits (``precision``, ``mesh_shape``, ``num_layers``) under ``cache_root``, or the
+    explicit ``named_cache_dir``."""
+
+    model: str | os.PathLike
+    build_variant: Mapping[str, Any]
+    precision: str
+    mesh_shape: tuple[int, int]
+    num_layers: int | None
+    cache_root: Path
+    named_cache_dir: Path | None = None
+    model_name: str = field(init=False)
+    model_id: str = field(init=False)
+    checkpoint_dir: Path | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache_root = Path(self.cache_root)
+        self.model_name = checkpoint_name(self.model)
+        self.model_id = model_id(self.model)
+        self.checkpoint_dir = resolve_checkpoint_dir(self.model)
+
+    @property
+    def has_checkpoint_weights(self) -> bool:
+        return has_weights(self.checkpoint_dir)
+
+    @cached_property
+    def content_id(self) -> str | None:
+        """The checkpoint's content digest (None without weights on this machine)."""
+        if not self.has_checkpoint_weights:
+            return None
+        root = CacheRoot(self.cache_root)
+        stamps = StampIndex(root.checkpoint_stamps(self.model_name), root.user_checkpoint_stamps(self.model_name))
+        return content_id(self.checkpoint_dir, stamps)
+
+    @property
+    def variant_subdir(self) -> Path:
+        return Path(variant_subdir(self.precision, self.mesh_shape, self.num_layers))
+
+    @cached_property
+    def cache_dir(self) -> Path:
+        """Named by the user; else the dir holding this content (under any readable name), else a
+        new one under this checkpoint's name; else (cache-only) the one cache of this model id."""
+        if self.named_cache_dir is not None:
+            return self.named_cache_dir
+        if self.content_id is None:
+            return self._cache_only_dir()
+        root = CacheRoot(self.cache_root)
+        own = root.model_dir(self.model_name, self.content_id) / self.variant_subdir
+        if VariantPaths(own, self.build_variant).marker.exists():
+            return own
+        for model_dir in root.model_dirs_of(self.content_id):
+            candidate = model_dir / self.variant_subdir
+            if self._recorded(candidate, "content_id") == self.content_id:
+                return candidate
+        return own
+
+    @property
+    def paths(self) -> VariantPaths:
+        return VariantPaths(self.cache_dir, self.build_variant)
+
+    def _recorded(self, directory: Path, attribute: str) -> Any:
+        try:
+            return getattr(read_marker(directory, self.build_variant), attribute)
+        except WeightCacheError:
+            return None
+
+    def _cache_only_dir(self) -> Path:
+        candidates, same_name = [], []
+        for model_dir in CacheRoot(self.cache_root).model_dirs():
+            directory = model_dir / self.variant_subdir
+            recorded = self._recorded(directory, "model_id")
+            if recorded == self.model_id or (recorded and self.model_id in model_ids(VariantPaths(directory, self.build_variant))):
+                candidates.append(directory)
+            elif recorded is not None and checkpoint_name(recorded) == self.model_name:
+                same_name.append(recorded)
+        if len(candidates) == 1:
+            return candidates[0]
+        where = f"{self.precision} {self.variant_subdir.name} caches under {self.cache_root}"
+        if not candidates:
+            seen = "; caches of that name are for " + ", ".join(sorted(set(same_name))) if same_name else ""
+            raise CheckpointError(
+                f"{self.model}: no checkpoint weights on this machine and no {where} built from "
+                f"model id {self.model_id!r}{seen}"
+            )
+        listed = "\n  ".join(str(d) for d in candidates)
+        raise CheckpointError(
+            f"{self.model}: no checkpoint weights on this machine and {len(candidates)} {where} were built "
+            f"from {self.model_id!r} (different weights); name one with cache_dir=:\n  {listed}"
+        )
+
+    def model_config(self) -> dict[str, Any]:
+        """``config.json`` from the checkpoint, else the copy kept with the cache (see the module
+        doc for a cache-only deploy's own config)."""
+        local = self.checkpoint_dir is not None and (self.checkpoint_dir / CONFIG_FILE).is_file()
+        if local and self.has_checkpoint_weights:
+            return read_config(self.checkpoint_dir)
+        try:
+            recorded = read_marker(self.cache_dir, self.build_variant).model_config
+        except WeightCacheError as error:
+            if local:
+                return read_config(self.checkpoint_dir)  # the gate will say why the cache cannot serve it
+            raise CheckpointError(f"{self.model}: no checkpoint on this machine and no usable cache ({error})") from None
+        if not local:
+            if recorded is None:
+                raise CheckpointError(f"{self.model}: no checkpoint config and the cache keeps none")
+            return recorded
+        deployed = read_config(self.checkpoint_dir)
+        if recorded is not None:
+            differ = sorted(key for key in set(deployed) | set(recorded)
+                            if key not in CONFIG_FIELDS_OUTSIDE_THE_FORWARD and deployed.get(key) != recorded.get(key))
+            if differ:
+                raise CheckpointError(
+                    f"{self.checkpoint_dir / CONFIG_FILE} differs from the config the cache {self.cache_dir} was "
+                    f"built with in {', '.join(differ)}: those weights would compute another model "
+                    f"(rebuild from the checkpoint, or deploy the config the cache was built with)"
+                )
+        return deployed
+
+    def status(self, n_layers: int, components: Iterable[str]) -> CacheStatus:
+        """The gate's verdict on this build's cache, for a build of ``n_layers`` and ``components``."""
+        return weight_cache_status(
+            self.cache_dir,
+            model_name=self.model_name,
+            n_layers=n_layers,
+            mesh_shape=self.mesh_shape,
+            components=components,
+            build_variant=self.build_variant,
+            force_env=None,
+            content_id=self.content_id,
+            model_id=None if self.content_id is not None else self.model_id,
+        )

@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How a variant is used: when last (what ``tt-cache gc --older-than`` and LRU eviction go by),
+and under which model ids (what a cache-only load is found by).
+
+Every warm start counts, and every seed or check that finds the cache warm. The record is the
+mtime of ``.last_used.<tag>`` in the variant dir (one ``utime``); where the cache cannot be
+written (a read-only mount, another user's cache) it is a per-user file under
+:data:`models.common.envs.TT_USER_STATE` instead, which the same user's ``gc`` reads too.
+
+A build records the model id it was built from; the same weights loaded warm under another model
+id (another folder, a copy) add that id to ``.model_ids.<tag>.json``, so a cache-only deploy under
+either name finds the cache. Only a load whose checkpoint content id matched the marker's adds one.
+No torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from models.common.fileio import atomic_write_bytes
+from models.common.weight_cache.layout import VariantPaths
+
+MAX_MODEL_IDS = 64
+
+
+def _touch(path: Path, *, create_parents: bool = False) -> bool:
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        if create_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        return True
+    except OSError:
+        return False
+
+
+def touch_last_used(paths: VariantPaths) -> None:
+    """Record a use now: in the cache where it can be written, else in the user's state."""
+    if not _touch(paths.last_used):
+        _touch(paths.user_last_used, create_parents=True)
+
+
+def last_used(paths: VariantPaths) -> float | None:
+    """The latest recorded use (the cache's record, this user's record), else the marker's mtime."""
+    times = []
+    for path in (paths.last_used, paths.user_last_used):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    if times:
+        return max(times)
+    with contextlib.suppress(OSError):
+        return paths.marker.stat().st_mtime
+    return None
+
+
+def forget_use(paths: VariantPaths) -> None:
+    """Drop the cache's use record of an evicted variant (a user's own records age out with it)."""
+    with contextlib.suppress(OSError):
+        paths.last_used.unlink()
+
+
+def model_ids(paths: VariantPaths) -> list[str]:
+    """The other model ids this variant's build was loaded warm as (see the module doc)."""
+    try:
+        body = json.loads(paths.model_ids.read_bytes())
+    except (OSError, ValueError):
+        return []
+    return [value for value in body if isinstance(value, str)][:MAX_MODEL_IDS] if isinstance(body, list) else []
+
+
+def add_model_id(paths: VariantPaths, model_id: str) -> None:
+    """Remember ``model_id`` as another name of this build (best effort: read-only caches skip it)."""
+    known = model_ids(paths)
+    if model_id in known:
+        return
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(paths.model_ids, json.dumps([model_id, *known][:MAX_MODEL_IDS]).encode(), durable=False)

@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run ``tt-cache`` as a user would (a fresh process) and read what it said."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(cache_root: Path | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", **extra)
+    env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    if cache_root is not None:
+        env["TT_CACHE_PATH"] = str(cache_root)
+    return env
+
+
+def tt_cache(*args: str, env: dict[str, str], prefix: list[str] | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "models.tt_cache.cli", *args], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def json_out(result: subprocess.CompletedProcess) -> Any:
+    """The JSON document a ``--json`` run printed (ttnn's C++ logger may print after it at exit)."""
+    text = result.stdout
+    start = text.index("{")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def error_line(result: subprocess.CompletedProcess, command: str) -> str:
+    """The one ``tt-cache <command>: ...`` line of a failed run; asserts there is no traceback."""
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"tt-cache {command}: ")]
+    assert len(lines) == 1, f"expected one error line, got {lines}; stderr:\n{result.stderr[-3000:]}"
+    return lines[0]

@@ -1,0 +1,232 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tt-cache gc``: evict whole variants, least recently used first, and only what is provably ours.
+
+Plan, then execute (after huggingface_hub's ``DeleteCacheStrategy``): :func:`plan_eviction` says
+what would go and frees nothing; :func:`collect_garbage` carries the plan out and reports what it
+actually freed. A variant is evicted in an order that keeps readers safe: with the cache dir's
+build lock held (a builder is never undercut; a held lock means "skip, try next time"), its marker
+is withdrawn first (a reader starting now sees a cold cache, never a half-deleted warm one), then
+its generations are retired by the builders' own rule (a generation a reader holds is left for the
+next build, gc or warm start, and reported as deferred, not freed), and files the marker records
+outside a generation (the seed API's layout) are unlinked only as regular files reached without
+following a symlink, unless another marker records them too. Builds no marker names (failed,
+killed, or replaced while leased) go as well. A user's file beside a cache, a cache whose marker
+cannot be parsed, another model's cache: nothing else is touched.
+Recency is the last use (:mod:`models.common.weight_cache.usage`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.common.fileio import unlink_beneath
+from models.common.weight_cache.generations import LockState, build_lock, retire_unnamed
+from models.common.weight_cache.layout import VariantPaths
+from models.common.weight_cache.marker import WeightCacheMarker, forget_markers, iter_markers
+from models.common.weight_cache.usage import forget_use
+from models.tt_cache.scan import LeftoverBuild, VariantInfo, marker_stamp, scan_leftovers, scan_root
+
+
+@dataclass(frozen=True)
+class Eviction:
+    variant: VariantInfo
+    why: str
+
+    model = property(lambda self: self.variant.model)
+    precision = property(lambda self: self.variant.precision)
+    mesh = property(lambda self: self.variant.mesh)
+    size_bytes = property(lambda self: self.variant.size_bytes)
+    marker_file = property(lambda self: self.variant.marker_file)
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.variant.as_json(), "why": self.why}
+
+
+@dataclass
+class GcResult:
+    """A plan (``freed_bytes`` is what it would free) or what was done (what it freed)."""
+
+    evicted: list[Eviction] = field(default_factory=list)
+    leftovers: list[LeftoverBuild] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # left alone on purpose
+    deferred: list[tuple[Path, str]] = field(default_factory=list)  # leased by a reader: removed later
+    errors: list[tuple[Path, str]] = field(default_factory=list)  # could not be evicted (exit 1)
+    kept: int = 0
+    kept_bytes: int = 0
+    freed_bytes: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"evicted": [e.as_json() for e in self.evicted], "leftovers": [b.as_json() for b in self.leftovers],
+                "freed_bytes": self.freed_bytes,
+                "skipped": [{"path": str(p), "why": w} for p, w in self.skipped],
+                "deferred": [{"path": str(p), "why": w} for p, w in self.deferred],
+                "errors": [{"path": str(p), "error": e} for p, e in self.errors],
+                "kept": self.kept, "kept_bytes": self.kept_bytes}
+
+
+def recency(variant: VariantInfo) -> float:
+    if variant.last_used is not None:
+        return variant.last_used
+    try:
+        return variant.marker_file.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float | None = None,
+                  now: float | None = None, keep: Iterable[Path] = ()) -> GcResult:
+    """Which variants to evict (nothing is deleted): unused for longer than ``older_than`` seconds,
+    then least recently used first until the rest fits in ``max_size`` bytes; never a variant
+    whose cache dir is in ``keep``; and every leftover build."""
+    now = time.time() if now is None else now
+    protected = {os.path.abspath(path) for path in keep}
+    result = GcResult(leftovers=scan_leftovers(root))
+    candidates = []
+    for variant in scan_root(root):
+        if not variant.trusted:  # not provably ours: its files are unknown, so never touched
+            result.skipped.append((variant.marker_file, f"left alone: {variant.reason}"))
+        elif os.path.abspath(variant.cache_dir) in protected:
+            result.skipped.append((variant.marker_file, "kept: named by the plan"))
+            result.kept += 1
+            result.kept_bytes += variant.size_bytes
+        else:
+            candidates.append(variant)
+    candidates.sort(key=recency)
+    kept = []
+    for variant in candidates:
+        idle = now - recency(variant)
+        if older_than is not None and idle > older_than:
+            result.evicted.append(Eviction(variant, f"unused for {idle / 86400:.1f} days"))
+        else:
+            kept.append(variant)
+    total = result.kept_bytes + sum(v.size_bytes for v in kept)
+    while max_size is not None and kept and total > max_size:
+        variant = kept.pop(0)
+        total -= variant.size_bytes
+        result.evicted.append(Eviction(variant, "least recently used over --max-size"))
+    result.kept += len(kept)
+    result.kept_bytes = total
+    result.freed_bytes = sum(e.size_bytes for e in result.evicted) + sum(b.size_bytes for b in result.leftovers)
+    return result
+
+
+def _flat_files(marker: WeightCacheMarker) -> set[str]:
+    """Recorded files outside the marker's generation dir (the seed API's flat layout)."""
+    prefix = f"{marker.generation}/" if marker.generation else None
+    return {r.path for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)}
+
+
+def _files_other_markers_keep(cache_dir: Path, evicting: Path) -> set[str]:
+    keep: set[str] = set()
+    for path, marker, _ in iter_markers(cache_dir):
+        if path != evicting and marker is not None:
+            keep |= {record.path for record in marker.all_files()}
+    return keep
+
+
+def _remove_empty_dirs(cache_dir: Path, relatives: set[str]) -> None:
+    """``rmdir`` the directories the unlinked files leave empty, up to the cache dir (real
+    directories only; ``rmdir`` never deletes a symlink's target nor a non-empty directory)."""
+    parents = {Path(cache_dir, rel).parent for rel in relatives}
+    for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        while directory != cache_dir and cache_dir in directory.parents and not directory.is_symlink():
+            try:
+                directory.rmdir()
+            except OSError:
+                break  # not empty (another variant's files, a user's file) or gone
+            directory = directory.parent
+
+
+def evict(variant: VariantInfo) -> tuple[str | None, int, list[str]]:
+    """Withdraw the marker, then delete what only it vouched for. Returns (why not or None,
+    bytes freed, generations deferred because a reader holds them)."""
+    cache_dir, marker_file, marker = variant.cache_dir, variant.marker_file, variant.marker
+    paths = VariantPaths(cache_dir, marker.build_variant)
+    with build_lock(paths, blocking=False, create=False) as lock:
+        if not lock.held:
+            return _lock_refused(lock), 0, []
+        stamp = marker_stamp(marker_file)
+        if stamp is None:
+            return "its marker is gone already", 0, []
+        if stamp != variant.marker_stamp:
+            return "its marker changed since the scan (rebuilt): kept", 0, []
+        freed = marker_file.stat().st_size
+        marker_file.unlink()  # first: from here on every reader sees this variant cold
+        forget_markers()
+        forget_use(paths)
+        doomed = _flat_files(marker) - _files_other_markers_keep(cache_dir, marker_file)
+        for relative in doomed:
+            size = _lsize(cache_dir / relative)
+            if unlink_beneath(cache_dir, relative):
+                freed += size
+        _remove_empty_dirs(cache_dir, doomed)
+        retired = retire_unnamed(paths)
+    return None, freed + retired.freed_bytes, retired.leased
+
+
+def _lock_refused(lock: LockState) -> str:
+    """Why not, when a builder holds the lock (skip: try next time); raise when it cannot be taken."""
+    if lock.busy:
+        return "a builder holds the cache dir's build lock"
+    raise OSError(lock.why)
+
+
+def _lsize(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def remove_leftover(build: LeftoverBuild) -> tuple[str | None, int, list[str]]:
+    """Retire a leftover build under its dir's build lock: (why not, bytes freed, still leased)."""
+    with build_lock(build.paths, blocking=False, create=False) as lock:
+        if not lock.held:
+            return _lock_refused(lock), 0, []
+        retired = retire_unnamed(build.paths)
+    return None, retired.freed_bytes, retired.leased
+
+
+def _describe(error: OSError) -> str:
+    return f"{error.strerror} ({error.filename})" if error.strerror else str(error)
+
+
+def collect_garbage(plan: GcResult) -> GcResult:
+    """Carry out a :func:`plan_eviction`; what cannot go now is reported as skipped or deferred."""
+    done = GcResult(skipped=list(plan.skipped), kept=plan.kept, kept_bytes=plan.kept_bytes)
+    for eviction in plan.evicted:
+        try:
+            why, freed, leased = evict(eviction.variant)
+        except OSError as error:
+            done.errors.append((eviction.marker_file, _describe(error)))
+            continue
+        if why is not None:
+            done.skipped.append((eviction.marker_file, why))
+            continue
+        done.evicted.append(eviction)
+        done.freed_bytes += freed
+        done.deferred += [(eviction.variant.cache_dir / name, "a reader holds it: removed by the next build, gc "
+                           "or warm start") for name in leased]
+    deferred = {path for path, _ in done.deferred}
+    for build in plan.leftovers:
+        if not (build.cache_dir / build.name).exists() or build.cache_dir / build.name in deferred:
+            continue  # retired, or found leased, with an evicted variant above
+        try:
+            why, freed, leased = remove_leftover(build)
+        except OSError as error:
+            done.errors.append((build.cache_dir / build.name, _describe(error)))
+            continue
+        if why is not None:
+            done.skipped.append((build.cache_dir / build.name, why))
+            continue
+        done.freed_bytes += freed
+        if build.name in leased:
+            done.deferred.append((build.cache_dir / build.name, "a reader holds it: removed later"))
+        else:
+            done.leftovers.append(build)
+    return done

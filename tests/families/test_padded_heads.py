@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Attention heads that do not divide the mesh: KV heads padded with zero heads (SmolLM2-135M's
+9 query / 3 KV heads on an N300's 2 columns).
+
+Tiny random-weight checkpoints made with transformers' own config classes; the host reference
+forward reads the cached tensors and must give transformers' logits. The padding heads' weights,
+biases and ``wo`` rows must be exactly zero, so they add nothing to the sum over columns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.common.decoder import column_heads
+from models.common.reference import ReferenceDecoder
+from models.common.weight_cache.tensor_cache import host_shards
+from models.registry import loader_class
+from models.testing.tiny_models import hf_logits, make_checkpoint, pcc
+
+PROMPT = [3, 17, 99, 250, 7, 42, 300, 11]
+# (family, query heads, KV heads): GQA groups of 3 (SmolLM2) and 2, Qwen2 with its q/k/v biases (its tiny
+# config keeps hidden 256: head_dim 42, not a multiple of the tile)
+MODELS = [("llama", 9, 3), ("llama", 10, 5), ("qwen2", 6, 3)]
+# (model, mesh columns): 5 KV heads on 4 columns pad to 8, so the last column holds padding only
+CASES = [(MODELS[0], 2), (MODELS[1], 2), (MODELS[1], 4), (MODELS[2], 2)]
+
+
+def test_column_heads_pad_kv_heads_to_a_multiple_of_the_columns() -> None:
+    columns = column_heads(9, 3, 2)
+    assert [c.kv for c in columns] == [(0, 1), (2, None)]
+    assert [c.q for c in columns] == [(0, 1, 2, 3, 4, 5), (6, 7, 8, None, None, None)]
+    assert [c.q_to_kv for c in columns] == [(0, 0, 0, 1, 1, 1)] * 2
+    even = column_heads(8, 2, 2)  # divisible: consecutive heads, no padding
+    assert [c.q for c in even] == [(0, 1, 2, 3), (4, 5, 6, 7)] and not any(c.padded for c in even)
+    with pytest.raises(ValueError, match="6 attention heads cannot be split over 4 mesh columns"):
+        column_heads(6, 2, 4)  # fewer KV heads than columns: most devices would hold only padding
+    with pytest.raises(ValueError, match="3 KV heads cannot be spread over 4 mesh columns"):
+        column_heads(12, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[tuple, Path]:
+    root = tmp_path_factory.mktemp("padded")
+    return {(family, heads, kv): make_checkpoint(family, root / f"{family}-{heads}-{kv}", num_attention_heads=heads,
+                                                 num_key_value_heads=kv, head_dim=32, hidden_size=32 * heads)
+            for family, heads, kv in MODELS}
+
+
+@pytest.mark.parametrize(("model", "cols"), CASES, ids=[f"{f}-{h}q-{k}kv-1x{c}" for (f, h, k), c in CASES])
+def test_padded_layout_reproduces_transformers_logits(model, cols, checkpoints, tmp_path) -> None:
+    family, heads, kv = model
+    mesh = (1, cols)
+    checkpoint = checkpoints[model]
+    loader = loader_class(family)
+    loader(checkpoint, precision="bfloat16", mesh_shape=mesh, cache_root=tmp_path).load()
+    warm = loader(checkpoint, precision="bfloat16", mesh_shape=mesh, cache_root=tmp_path).load()
+    assert warm.warm
+    error = (ReferenceDecoder(warm).logits(PROMPT) - hf_logits(checkpoint, PROMPT)).abs().max().item()
+    assert error < 1e-4, error
+
+    columns = column_heads(heads, kv, mesh[1])
+    head_dim, width = warm.args.head_dim, warm.args.dim
+    for c, (column, wqkv, wo) in enumerate(zip(columns, host_shards(warm.weights["layers.0.attention.wqkv"]),
+                                               host_shards(warm.weights["layers.0.attention.wo"]))):
+        slots = [*column.q, *column.kv, *column.kv]
+        assert wqkv.shape[-1] == len(slots) * head_dim and wo.shape[-2] == len(column.q) * head_dim
+        for i, head in enumerate(slots):
+            block = wqkv[..., i * head_dim:(i + 1) * head_dim]
+            assert (head is None) == bool((block == 0).all()), (c, i, head)
+        for i, head in enumerate(column.q):
+            rows = wo[..., i * head_dim:(i + 1) * head_dim, :width]
+            assert (head is None) == bool((rows == 0).all()), (c, i, head)
+        if family == "qwen2":
+            bias = host_shards(warm.weights["layers.0.attention.bqkv"])[c].reshape(-1)[: len(slots) * head_dim]
+            for i, head in enumerate(slots):
+                if head is None:
+                    assert bool((bias[i * head_dim:(i + 1) * head_dim] == 0).all())
+
+
+def test_bfloat8_b_padded_layout_pcc(checkpoints, tmp_path) -> None:
+    checkpoint = checkpoints[("llama", 9, 3)]
+    loader = loader_class("llama")
+    loader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=tmp_path).load()
+    warm = loader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=tmp_path).load()
+    assert warm.warm and pcc(ReferenceDecoder(warm).logits(PROMPT), hf_logits(checkpoint, PROMPT)) >= 0.999

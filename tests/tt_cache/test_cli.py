@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tt-cache`` end to end: real builds, real corruption, exit codes a script can rely on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.common.fileio import writing_into
+from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
+from models.testing.tiny_models import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> tuple[dict[str, str], Path, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    checkpoint = make_checkpoint("qwen3", root / "tiny-qwen3")
+    env = cli_env(root / "cache")
+    first = tt_cache("build", str(checkpoint), "--mesh", "N300", "--precision", "bfloat16", env=env)
+    assert first.returncode == 0 and ": seeded: cold (" in first.stdout, first.stderr[-2000:]
+    (cache_dir,) = {p.parent for p in (root / "cache").rglob(".weights_complete.*")}
+    return env, cache_dir, checkpoint
+
+
+def test_build_twice_is_warm_and_ls_check_verify_agree(seeded):
+    env, cache_dir, checkpoint = seeded
+    second = tt_cache("build", str(checkpoint), "--mesh", "N300", "--precision", "bfloat16", "--json", env=env)
+    assert second.returncode == 0 and json_out(second)["outcome"] == "warm"
+    listing = tt_cache("ls", env=env)
+    assert listing.returncode == 0
+    row = next(line for line in listing.stdout.splitlines() if "tiny-qwen3" in line).split()
+    assert row[1:7] == ["qwen3", "bfloat16", "1x2", "text", row[5], "warm"]
+    assert tt_cache("check", str(cache_dir), env=env).returncode == 0
+    verify = tt_cache("verify", str(cache_dir), env=env)
+    assert verify.returncode == 0 and "intact" in verify.stdout
+
+
+def test_ls_json_is_torch_and_ttnn_free(seeded):
+    """ls, check, verify and gc --dry-run import neither torch nor ttnn: they answer in a fraction of a second."""
+    env, cache_dir, _ = seeded
+    probe = (
+        "import json, sys, runpy\n"
+        "sys.argv = ['tt-cache'] + sys.argv[1:]\n"
+        "from models.tt_cache.cli import main\n"
+        "code = main()\n"
+        "print(json.dumps({'heavy': sorted(m for m in ('torch', 'ttnn') if m in sys.modules)}))\n"
+        "sys.exit(code)\n"
+    )
+    for args in (["gc", "--max-size", "1G", "--dry-run", "--json"], ["check", str(cache_dir), "--json"],
+                 ["verify", str(cache_dir), "--json"], ["ls", "--json"]):
+        out = subprocess.run([sys.executable, "-c", probe, *args], env=env, cwd=REPO_ROOT, capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        document = json_out(out)
+        heavy = [line for line in out.stdout.splitlines() if line.startswith('{"heavy"')]
+        assert heavy == ['{"heavy": []}'], (args, heavy)
+        assert "DEBUG" not in out.stderr and "Config{" not in out.stdout + out.stderr
+    listing = document if args[0] == "ls" else json_out(tt_cache("ls", "--json", env=env))
+    (variant,) = listing["variants"]
+    assert variant["model"].endswith("tiny-qwen3") and variant["family"] == "qwen3"
+    assert variant["precision"] == "bfloat16" and variant["mesh"] == "1x2" and variant["state"] == "warm"
+    assert variant["components"] == ["text"] and variant["size_bytes"] > 0
+
+
+def test_verify_names_a_flipped_byte_and_check_names_a_truncation(seeded, tmp_path):
+    env, cache_dir, _ = seeded
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(cache_dir), str(copy)], check=True)
+    victim = next(copy.rglob("output_*.tensorbin"))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1
+    victim.write_bytes(bytes(data))
+    verify = tt_cache("verify", str(copy), "--json", env=env)
+    assert verify.returncode == 1
+    (variant,) = json_out(verify)["variants"]
+    assert not variant["intact"] and any(victim.name in p for p in variant["problems"])
+    os.truncate(victim, 10)
+    check = tt_cache("check", str(copy), env=env)
+    assert check.returncode == 1 and "is 10 bytes, marker says" in check.stdout and victim.name in check.stdout
+
+
+def test_clean_removes_only_temp_files_no_live_writer_holds(seeded):
+    env, cache_dir, _ = seeded
+    debris = cache_dir / ".w.tensorbin.tmp.999999999.1.aaaaaaaa.tensorbin"
+    user_file = cache_dir / ".env.tmp.2024"
+    debris.write_bytes(b"x")
+    user_file.write_bytes(b"mine")
+    with writing_into(cache_dir):  # a live writer in this dir (its pid is irrelevant)
+        out = tt_cache("clean", str(cache_dir), env=env)
+        assert out.returncode == 0 and debris.exists()
+    out = tt_cache("clean", str(cache_dir), env=env)
+    assert out.returncode == 0 and not debris.exists() and user_file.read_bytes() == b"mine"
+    assert tt_cache("check", str(cache_dir), env=env).returncode == 0
+
+
+def test_check_of_a_dir_without_caches_is_cold(seeded, tmp_path):
+    env, _, _ = seeded
+    out = tt_cache("check", str(tmp_path), env=env)
+    assert out.returncode == 1 and "no completion marker" in out.stdout
+
+
+def test_build_without_checkpoint_or_family_is_a_usage_error(seeded, tmp_path):
+    env, _, _ = seeded
+    out = tt_cache("build", str(tmp_path / "absent"), env=env)
+    assert out.returncode == 2 and "name its family" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_every_command_documents_json_and_the_exit_codes(seeded):
+    env, _, _ = seeded
+    top = tt_cache("--help", env=env)
+    assert top.returncode == 0 and "Exit status:" in top.stdout
+    for code in ("0  success", "1  a check failed", "2  bad usage or bad input"):
+        assert code in top.stdout
+    for command in ("ls", "check", "verify", "build", "seed", "gc", "clean"):
+        assert "--json" in tt_cache(command, "--help", env=env).stdout, command
+    unknown = tt_cache("frobnicate", env=env)
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+
+
+def test_prefill_commands_are_reachable_through_tt_cache(tmp_path):
+    env = cli_env()
+    listing = tt_cache("prefill", "ls", str(tmp_path), "--json", env=env)
+    assert listing.returncode == 0 and json_out(listing)["objects"] == 0
+    missing = tt_cache("prefill", "verify", str(tmp_path / "nowhere"), env=env)
+    assert missing.returncode == 2 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
+    helped = tt_cache("prefill", "--help", env=env)
+    assert helped.returncode == 0 and "prefill ls ROOT" in helped.stdout

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Locks that work where users are, and uses that count wherever they happen: a shared cache whose
+build lock is another user's read-only file still caches; warm starts from a read-only mount and
+``seed --check`` keep a variant from ``gc --older-than``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from models.llama import LlamaLoader
+from models.testing.tiny_models import make_checkpoint
+from models.testing.tt_cache import cli_env, json_out, tt_cache
+
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint("llama", tmp_path_factory.mktemp("lock-models") / "tiny-llama")
+
+
+def test_a_build_lock_owned_by_another_user_still_lets_this_user_cache(checkpoint, cache_root, as_unprivileged_python):
+    """Another user's 0644 ``.build.lock`` in a shared cache dir: this user opens it read-only,
+    still excludes other builders, and caches (it used to build unlocked and cache nothing, forever)."""
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    loader.cache_dir.mkdir(parents=True)
+    loader.paths.build_lock.touch()
+    os.chown(loader.paths.build_lock, NOBODY, NOBODY)
+    loader.paths.build_lock.chmod(0o644)
+    probe = ("import sys\nfrom models.llama import LlamaLoader\n"
+             "loaded = LlamaLoader(sys.argv[1], precision='bfloat16', cache_root=sys.argv[2]).load()\n"
+             "print(loaded.warm, loaded.cached)\n")
+    assert as_unprivileged_python(probe, str(checkpoint), str(cache_root)).split() == ["False", "True"]
+    assert as_unprivileged_python(probe, str(checkpoint), str(cache_root)).split() == ["True", "True"]
+
+
+def _age(loader: LlamaLoader, days: float) -> None:
+    old = time.time() - days * 86400
+    for record in (loader.paths.last_used, loader.paths.marker):
+        os.utime(record, (old, old))
+
+
+def test_warm_starts_from_a_read_only_mount_keep_a_cache_from_gc(checkpoint, cache_root, readonly_view, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("TT_USER_STATE", str(tmp_path / "user-state"))
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    loader.load()
+    _age(loader, 40)
+    view = readonly_view(cache_root)
+    assert LlamaLoader(checkpoint, precision="bfloat16", cache_root=view).load().warm  # in daily use, read-only
+    env = cli_env(TT_USER_STATE=str(tmp_path / "user-state"))
+    gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=env)
+    assert gc.returncode == 0 and json_out(gc)["evicted"] == [], gc.stdout
+    assert LlamaLoader(checkpoint, precision="bfloat16").load().warm
+
+
+def test_a_seed_check_that_finds_the_cache_warm_counts_as_a_use(checkpoint, cache_root, tmp_path):
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    loader.load()
+    _age(loader, 40)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"models:\n  - model: {checkpoint}\n    meshes: [N150]\n    precisions: [bfloat16]\n")
+    check = tt_cache("seed", "--plan", str(plan), "--check", "--cache-root", str(cache_root), "--json", env=cli_env())
+    assert check.returncode == 0, check.stderr[-2000:]
+    gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=cli_env())
+    assert gc.returncode == 0 and json_out(gc)["evicted"] == [], gc.stdout
+    _age(loader, 40)
+    gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=cli_env())
+    assert [Path(e["cache_dir"]) for e in json_out(gc)["evicted"]] == [loader.cache_dir]  # unused: evicted

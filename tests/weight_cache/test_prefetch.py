@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prefetching warm starts: real page-cache eviction (``POSIX_FADV_DONTNEED`` per file), real
+residency probes (``RWF_NOWAIT`` reads fail with EAGAIN when a page is not cached)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import mmap
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import ttnn
+
+from models.common.weight_cache.marker import read_marker
+from models.common.prefetch import Prefetcher, prefetch_threads
+from models.common.weight_cache.tensor_cache import tensorbin_name
+from models.registry import loader_class
+from models.testing.tiny_models import make_checkpoint
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def resident(path: Path) -> list[bool]:
+    """Which pages of ``path`` are in the page cache (``mincore`` of a fresh mapping: unlike a
+    probing read, it never starts a read itself)."""
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        pages = -(-size // mmap.PAGESIZE)
+        vector = (ctypes.c_ubyte * pages)()
+        try:
+            assert _libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            _libc.munmap(address, size)
+        return [bool(v & 1) for v in vector]
+    finally:
+        os.close(fd)
+
+
+def fully_cached(path: Path) -> bool:
+    return all(resident(path))
+
+
+def mostly_uncached(path: Path) -> bool:
+    """Less than half of the file cached (mapping a file reads its header, and the kernel's
+    readahead after it: up to the device's ``read_ahead_kb``, 8 MiB here)."""
+    pages = resident(path)
+    return sum(pages) < len(pages) / 2
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> tuple[type, Path, Path]:
+    root = tmp_path_factory.mktemp("prefetch")
+    checkpoint = make_checkpoint("gemma3", root / "gemma3", hidden_size=512, intermediate_size=2048, vocab_size=32768)
+    cls = loader_class("gemma3")
+    assert cls(checkpoint, cache_root=root / "cache").seed().complete
+    return cls, checkpoint, root / "cache"
+
+
+def cache_files(cls, checkpoint: Path, cache_root: Path) -> list[Path]:
+    loader = cls(checkpoint, cache_root=cache_root, prefetch=0)
+    marker = read_marker(loader.cache_dir, loader.build_variant)
+    return [loader.cache_dir / record.path for record in marker.all_files()]
+
+
+def evicted_or_skip(files: list[Path]) -> None:
+    for path in files:
+        evict(path)
+    if not all(mostly_uncached(path) for path in files):
+        pytest.skip("this file system keeps pages after POSIX_FADV_DONTNEED (tmpfs?): cannot evict here")
+
+
+def test_prefetching_warm_load_reads_the_files_ahead_and_returns_bit_identical_tensors(seeded):
+    cls, checkpoint, cache_root = seeded
+    files = cache_files(cls, checkpoint, cache_root)
+    large = [p for p in files if p.stat().st_size >= 16 << 20]  # the LM head and the host sidecar
+    assert len(large) == 2
+    evicted_or_skip(large)
+    plain = cls(checkpoint, cache_root=cache_root, prefetch=0).load()
+    assert plain.warm and plain.prefetch is None
+    assert all(mostly_uncached(p) for p in large), "a warm load without prefetch read the files: nothing to test"
+    expected = {name: ttnn.to_torch(tensor) for name, tensor in plain.weights.items()}
+    expected_host = dict(plain.host_weights)
+    del plain
+    gc.collect()  # unmap its files: mapped pages cannot be evicted
+
+    evicted_or_skip(large)
+    loaded = cls(checkpoint, cache_root=cache_root, prefetch=2).load()
+    assert loaded.warm and loaded.prefetch is not None
+    assert loaded.prefetch.wait(timeout=30) and not loaded.prefetch.errors
+    deadline = time.monotonic() + 20  # WILLNEED reads complete in the background
+    while not all(fully_cached(p) for p in files) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(fully_cached(p) for p in files), "prefetch left parts of files unread"
+    marker = read_marker(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant)
+    assert loaded.prefetch.bytes_read == sum(record.bytes for record in marker.all_files())
+
+    assert list(loaded.weights) == list(expected)
+    for name, tensor in loaded.weights.items():
+        assert torch.equal(ttnn.to_torch(tensor), expected[name]), name
+    assert all(torch.equal(loaded.host_weights[k], expected_host[k]) for k in expected_host)
+
+
+def test_prefetch_follows_the_loaders_order(seeded):
+    cls, checkpoint, cache_root = seeded
+    order: list[str] = []
+
+    class Recording(Prefetcher):
+        def add(self, paths):
+            paths = list(paths)
+            order.extend(os.fspath(p) for p in paths)
+            super().add(paths)
+
+    import models.common.loader as loader_module
+
+    original = loader_module.Prefetcher
+    loader_module.Prefetcher = Recording
+    try:
+        loaded = cls(checkpoint, cache_root=cache_root, prefetch=1).load()
+    finally:
+        loader_module.Prefetcher = original
+    marker = read_marker(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant)
+    root = loaded.cache_dir / marker.generation
+    expected = [os.fspath(root / tensorbin_name(n, loaded.formats[n])) for n in loaded.weights]
+    expected.append(os.fspath(loaded.cache_dir / marker.host_sidecar.path))
+    assert order == expected
+
+
+def test_prefetcher_skips_files_it_cannot_read_and_never_raises(tmp_path):
+    real = tmp_path / "real.bin"
+    real.write_bytes(os.urandom(3 << 20))
+    prefetcher = Prefetcher(threads=2, chunk_bytes=1 << 20)
+    prefetcher.add([tmp_path / "missing.bin", real])
+    assert prefetcher.wait(timeout=10)
+    assert prefetcher.bytes_read == 3 << 20
+    assert len(prefetcher.errors) == 1 and "missing.bin" in prefetcher.errors[0]
+    vanishing = tmp_path / "vanishing.bin"
+    vanishing.write_bytes(b"x" * (2 << 20))
+    slow = Prefetcher(threads=1, chunk_bytes=1 << 20)
+    slow._queue.append((os.fspath(vanishing), 0, 1 << 20))  # queued, then deleted before it is read
+    vanishing.unlink()
+    slow._outstanding += 1
+    slow.add([])
+    assert slow.wait(timeout=10) and slow.errors and "vanishing.bin" in slow.errors[0]
+
+
+def test_prefetch_threads_option_and_environment(monkeypatch):
+    monkeypatch.delenv("TT_PREFETCH_THREADS", raising=False)
+    assert prefetch_threads(None) == 0 and prefetch_threads(0) == 0 and prefetch_threads(2) == 2
+    monkeypatch.setenv("TT_PREFETCH_THREADS", "4")
+    assert prefetch_threads(None) == 4
+    with pytest.raises(ValueError, match=">= 0"):
+        prefetch_threads(-1)
