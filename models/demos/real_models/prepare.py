@@ -56,6 +56,7 @@ from typing import Any
 
 from loguru import logger
 
+from models.common import envs
 from models.common.fileio import (
     atomic_write_bytes,
     file_lock,
@@ -94,7 +95,7 @@ def revision(model: KnownModel) -> str:
 def resolve_model_root(model_root: Path | str | None = None) -> Path:
     """``model_root``, else ``$TT_MODEL_DATA``, else ``<repo>/model_data``; must be a directory if it exists."""
     if model_root is None:
-        env = os.environ.get(MODEL_ROOT_ENV)
+        env = envs.TT_MODEL_DATA
         model_root = Path(env) if env else DEFAULT_MODEL_ROOT
     root = Path(model_root).expanduser().absolute()
     if root.exists() and not root.is_dir():
