@@ -110,4 +110,4 @@ def test_a_bad_keep_plan_is_exit_2_and_deletes_nothing(built, cache, tmp_path, k
     assert out.returncode == 2
     line = error_line(out, "gc")
     assert str(plan) in line and problem in line and line.endswith("nothing was evicted"), line
-    assert sorted(str(path) for path in root.rglob("*")) == before
+    assert set(before) <= {str(path) for path in root.rglob("*")}  # (reading the good plan may stamp its checkpoint)
