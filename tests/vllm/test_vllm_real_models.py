@@ -84,7 +84,9 @@ def copy_repo(source: Path, destination: Path, *, weights: bool) -> Path:
     weights file a symlink to ``blobs/<sha256>`` (verified against that name on first sight);
     ``weights=False``: config and tokenizer only. Returns the hub."""
     repo = destination / "hub" / source.parents[1].name
-    shutil.copytree(source.parents[1], repo, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(source, repo / "snapshots" / source.name, ignore=shutil.ignore_patterns("*.safetensors"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(source.name)
     if weights:
         snapshot = snapshot_of(destination / "hub")
         (repo / "blobs").mkdir(exist_ok=True)
@@ -97,7 +99,7 @@ def copy_repo(source: Path, destination: Path, *, weights: bool) -> Path:
 
 def snapshot_of(hub: Path) -> Path:
     repo = next(hub.glob("models--*"))
-    return next((repo / "snapshots").iterdir())
+    return repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
 
 
 def assert_greedy(report: dict, expected: list[list[int]], prompts: list[list[int]] | None = None) -> None:
