@@ -19,7 +19,6 @@ usage: .venv/bin/python scripts/bench_cli.py [--runs 5] [--work DIR] [--out docs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _bench_output import Panel, figure, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,31 +93,14 @@ def cache_files(cache: Path) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Each command's wall seconds (log scale, the target line) beside verify's MiB/s against cat's."""
     seconds = results["seconds"]
-    names = list(seconds)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110, gridspec_kw={"width_ratios": [3, 1]})
-    bars = left.bar(names, [seconds[n] for n in names],
-                    color=["tab:blue" if n.startswith("tt-cache") else "tab:gray" for n in names])
-    left.bar_label(bars, labels=[f"{seconds[n]:.3f}" for n in names], fontsize=7)
-    left.axhline(TARGET_SECONDS, color="tab:red", linestyle="--", linewidth=1, label=f"target {TARGET_SECONDS} s")
-    left.set_yscale("log")
-    left.set_ylabel("wall seconds, fresh process (median)")
-    left.set_title(f"20 caches, {results['cache_mib']:.0f} MiB", fontsize=10)
-    left.tick_params(axis="x", labelrotation=20, labelsize=8)
-    left.legend(fontsize=8)
-    rates = {"tt-cache verify": results["verify_mib_s"], "cat": results["cat_mib_s"]}
-    bars = right.bar(list(rates), list(rates.values()), color=["tab:blue", "tab:gray"])
-    right.bar_label(bars, labels=[f"{v:,.0f}" for v in rates.values()], fontsize=8)
-    right.set_ylabel("MiB/s")
-    right.set_title("verify vs reading the files", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    figure(path, [
+        Panel("bars", {"fresh process, median": seconds}, title=f"20 caches, {results['cache_mib']:.0f} MiB",
+              ylabel="wall seconds", log=True, value_format="{:.3f}", hlines={f"target {TARGET_SECONDS} s": TARGET_SECONDS}),
+        Panel("bars", {"MiB/s": {"tt-cache verify": results["verify_mib_s"], "cat": results["cat_mib_s"]}},
+              title="verify vs reading the files", ylabel="MiB/s", width=0.35),
+    ])
 
 
 def main() -> None:
@@ -158,8 +142,7 @@ def main() -> None:
     finally:
         if opts.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(opts.out, results)
     plot(results, opts.out.with_suffix(".png"))
     print(f"20 caches, {cache_mib:,.0f} MiB; fresh processes, median of {opts.runs}; "
           f"load average {results['load_average']:.1f} on {os.cpu_count()} cores\n")
