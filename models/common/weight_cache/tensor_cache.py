@@ -72,9 +72,27 @@ def tensorbin_name(name: str, fmt: TensorFormat) -> str:
     return f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
 
 
+BLOCK_FLOATS = frozenset({"BFLOAT8_B", "BFLOAT4_B"})
+STAGED_CONVERT_BYTES = 64 << 20  # bf16 weights from this size convert to a block float in two steps
+
+
+def convert_shard(tensor: torch.Tensor, fmt: TensorFormat, *, staged_from: int = STAGED_CONVERT_BYTES) -> ttnn.Tensor:
+    """``ttnn.from_torch`` of one shard. A large bf16 weight bound for a block float (bfloat8_b,
+    bfloat4_b) goes through bf16 tiles first, then ``ttnn.to_dtype``: the same bytes (bf16 to bf16
+    tiles is exact), but the direct call holds a float32 copy and, for a strided view, a contiguous
+    one too, about a tensor's size more at its peak (an LM head's conversion is a seed's peak
+    RSS; figures: docs/scale.md)."""
+    staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS and tensor.dtype == torch.bfloat16
+              and tensor.numel() * tensor.element_size() >= staged_from)
+    if not staged:
+        return ttnn.from_torch(tensor, dtype=fmt.dtype, layout=fmt.layout)
+    tiles = ttnn.from_torch(tensor, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
+    return ttnn.to_dtype(tiles, fmt.dtype)
+
+
 def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
     """Convert on host: one ttnn tensor per device shard, joined for the mesh."""
-    converted = [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+    converted = [convert_shard(s, fmt) for s in shards]
     if len(converted) == 1:
         return converted[0]
     return ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
