@@ -76,23 +76,35 @@ BLOCK_FLOATS = frozenset({"BFLOAT8_B", "BFLOAT4_B"})
 STAGED_CONVERT_BYTES = 64 << 20  # bf16 weights from this size convert to a block float in two steps
 
 
-def convert_shard(tensor: torch.Tensor, fmt: TensorFormat, *, staged_from: int = STAGED_CONVERT_BYTES) -> ttnn.Tensor:
-    """``ttnn.from_torch`` of one shard. A large bf16 weight bound for a block float (bfloat8_b,
-    bfloat4_b) goes through bf16 tiles first, then ``ttnn.to_dtype``: the same bytes (bf16 to bf16
-    tiles is exact), but the direct call holds a float32 copy and, for a strided view, a contiguous
-    one too, about a tensor's size more at its peak (an LM head's conversion is a seed's peak
-    RSS; figures: docs/scale.md)."""
-    staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS and tensor.dtype == torch.bfloat16
-              and tensor.numel() * tensor.element_size() >= staged_from)
+def convert_shards(shards: list[torch.Tensor], fmt: TensorFormat, *, staged_from: int | None = None,
+                   release_source: Callable[[], None] | None = None) -> list[ttnn.Tensor]:
+    """``ttnn.from_torch`` of each shard of one weight.
+
+    A large bf16 weight bound for a block float (bfloat8_b, bfloat4_b) goes through bf16 tiles
+    first, then ``ttnn.to_dtype``: the same bytes (bf16 to bf16 tiles is exact), but the direct call
+    holds a float32 copy and, for a strided view, a contiguous one too: about a tensor's size more
+    at its peak, and an LM head's conversion is a streaming seed's peak RSS. Between the two steps
+    ``release_source`` (a streaming seed's) drops the checkpoint pages the shards view: the tiles
+    hold the bytes now (figures: docs/scale.md)."""
+    staged_from = STAGED_CONVERT_BYTES if staged_from is None else staged_from
+    staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS
+              and all(s.dtype == torch.bfloat16 for s in shards)
+              and sum(s.numel() * s.element_size() for s in shards) >= staged_from)
     if not staged:
-        return ttnn.from_torch(tensor, dtype=fmt.dtype, layout=fmt.layout)
-    tiles = ttnn.from_torch(tensor, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
-    return ttnn.to_dtype(tiles, fmt.dtype)
+        return [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+    tiles = [ttnn.from_torch(s, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT) for s in shards]
+    if release_source is not None:
+        release_source()
+    converted = []
+    while tiles:  # each shard's bf16 tiles go as soon as its block floats exist
+        converted.append(ttnn.to_dtype(tiles.pop(0), fmt.dtype))
+    return converted
 
 
-def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
+def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape, *,
+                 release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
     """Convert on host: one ttnn tensor per device shard, joined for the mesh."""
-    converted = [convert_shard(s, fmt) for s in shards]
+    converted = convert_shards(shards, fmt, release_source=release_source)
     if len(converted) == 1:
         return converted[0]
     return ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
@@ -187,7 +199,10 @@ class TensorCache:
         writes = rebuild and cache_dir is not None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if writes else None
 
-    def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
+    def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat, *,
+                  release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
+        """The cached weight (warm), or ``tensor`` converted and queued to be written (cold).
+        ``release_source``: see :func:`convert_shards`."""
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
@@ -204,7 +219,7 @@ class TensorCache:
             # first: faster, and the files are bit-identical (figures: docs/weight-cache.md)
             shards = shard(tensor, fmt.placement, self.mesh, copy=fmt.layout != ttnn.TILE_LAYOUT)
             start = time.perf_counter()
-            result = to_host_ttnn(shards, fmt, self.mesh)
+            result = to_host_ttnn(shards, fmt, self.mesh, release_source=release_source)
             self.convert_seconds += time.perf_counter() - start
             if self._writer is None:  # converting only
                 return self._to_device(result)
