@@ -85,14 +85,24 @@ def convert_shards(shards: list[torch.Tensor], fmt: TensorFormat, *, staged_from
     holds a float32 copy and, for a strided view, a contiguous one too: about a tensor's size more
     at its peak, and an LM head's conversion is a streaming seed's peak RSS. Between the two steps
     ``release_source`` (a streaming seed's) drops the checkpoint pages the shards view: the tiles
-    hold the bytes now (figures: docs/scale.md)."""
+    hold the bytes now; a strided view (a transposed head) is first copied contiguous, so that
+    its pages go before the tiling (figures: docs/scale.md)."""
     staged_from = STAGED_CONVERT_BYTES if staged_from is None else staged_from
     staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS
               and all(s.dtype == torch.bfloat16 for s in shards)
               and sum(s.numel() * s.element_size() for s in shards) >= staged_from)
     if not staged:
         return [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
-    tiles = [ttnn.from_torch(s, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT) for s in shards]
+    pending = list(shards)
+    if release_source is not None and not all(s.is_contiguous() for s in pending):
+        # tiling a strided view makes a contiguous copy inside ttnn while the source pages stay:
+        # make it here, so they can go first
+        pending = [s.contiguous() for s in pending]
+        release_source()
+        release_source = None
+    tiles = []
+    while pending:  # each copy goes as soon as its tiles exist
+        tiles.append(ttnn.from_torch(pending.pop(0), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT))
     if release_source is not None:
         release_source()
     converted = []
@@ -217,6 +227,12 @@ class TensorCache:
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
             # TILE conversions read strided views themselves: no torch copy of a transposed weight
             # first: faster, and the files are bit-identical (figures: docs/weight-cache.md)
+            if self.max_pending_bytes is not None:
+                # before converting, too: a large weight still waiting for the writer and the next
+                # one's conversion (source, tiles, block floats) would add up to a seed's peak
+                start = time.perf_counter()
+                self._drain(self.max_pending_bytes)
+                self.wait_seconds += time.perf_counter() - start
             shards = shard(tensor, fmt.placement, self.mesh, copy=fmt.layout != ttnn.TILE_LAYOUT)
             start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh, release_source=release_source)
@@ -232,6 +248,11 @@ class TensorCache:
                     self._collect(*self._pending.pop(0)[:2])
                 self.wait_seconds += time.perf_counter() - start
         return self._to_device(result)
+
+    def _drain(self, budget: int) -> None:
+        """Wait for the oldest writes until at most ``budget`` bytes of converted weights wait."""
+        while self._pending and sum(p[2] for p in self._pending) > budget:
+            self._collect(*self._pending.pop(0)[:2])
 
     def _to_device(self, result: ttnn.Tensor) -> ttnn.Tensor:
         if self.mesh_device is not None:
