@@ -3,6 +3,7 @@
 
     python scripts/bench_scale.py --model qwen2.5-coder-1.5b          # bfloat8_b and bfloat16 caches
     python scripts/bench_scale.py --model gemma3-270m --repeat 3
+    python scripts/bench_scale.py --from-json docs/bench_scale-gemma3-270m.json   # ratios and charts again
 
 For each precision, every timed thing in a fresh process (the other ``scripts/bench_*.py`` hold
 the cases; this script runs them together on one real checkpoint):
@@ -21,6 +22,7 @@ the cases; this script runs them together on one real checkpoint):
   cache warm and evicted; ``tt-cache verify --threads 1`` (one file at a time) beside it. Target
   >= 0.8x of ``cat``.
 
+Ratios of repeated cases are medians of per-round ratios (both measured in the same round).
 Writes ``bench_scale-<model>.json`` and its PNGs into ``--out-dir`` (``scripts/_bench_output.py``).
 """
 
@@ -135,22 +137,36 @@ def bench_precision(model: str, family: str, precision: str, opts: argparse.Name
     return {"cache_bytes": cache_bytes, "files": len(files), "build": build, "medians": med, "samples": samples}
 
 
+def _figure(row: float | dict) -> float:
+    """A sample's figure: seconds or MiB/s as recorded, a process's wall time, or a verify's MiB/s."""
+    if isinstance(row, (int, float)):
+        return row
+    return row["wall"] if "wall" in row else row["mib_per_s"]
+
+
+def paired(entry: dict, case: str, reference: str) -> float:
+    """Median over rounds of ``case / reference`` measured in the same round: the machine's load
+    drifts between rounds, and a ratio of medians would pair a quiet round with a busy one."""
+    samples = entry["samples"]
+    return statistics.median(_figure(a) / _figure(b) for a, b in zip(samples[case], samples[reference]))
+
+
 def ratios(entry: dict, largest: int) -> dict[str, dict]:
     """Each target: the measured figure, its reference and whether it is met."""
-    build, med = entry["build"], entry["medians"]
+    build = entry["build"]
     seed = build["seed()"]
     seed_budget = seed["import_peak_mib"] + largest / MIB + 512
     ray1, ray2 = build["ray 1 worker"], build["ray 2 workers"]
     ideal_work = ray1["work_seconds"] / 2
     out = {
         "seed peak RSS / (import + largest tensor + 0.5 GiB)": (seed["peak_mib"] / seed_budget, "<= 1.0"),
-        "warm process / bare import": (med["warm_process_s"] / med["import_s"], "<= 1.1"),
-        "evicted warm+read / parallel-read floor": (med["evicted_warm_read_s"] / med["evicted_parallel_read_s"], "<= 1.2"),
+        "warm process / bare import": (paired(entry, "warm process", "import"), "<= 1.1"),
+        "evicted warm+read / parallel-read floor": (paired(entry, "evicted warm+read", "evicted parallel read"), "<= 1.2"),
         "evicted warm+read with prefetch / parallel-read floor": (
-            med["evicted_warm_read_prefetch_s"] / med["evicted_parallel_read_s"], ""),
+            paired(entry, "evicted warm+read, prefetch", "evicted parallel read"), ""),
         "ray 2 workers: ideal / measured work (fixed cost apart)": (ideal_work / ray2["work_seconds"], ">= 0.8"),
-        "verify / cat MiB/s, pages warm": (med["verify_warm_mib_per_s"] / med["cat_warm_mib_per_s"], ">= 0.8"),
-        "verify / cat MiB/s, evicted": (med["verify_evicted_mib_per_s"] / med["cat_evicted_mib_per_s"], ">= 0.8"),
+        "verify / cat MiB/s, pages warm": (paired(entry, "verify warm", "cat warm"), ">= 0.8"),
+        "verify / cat MiB/s, evicted": (paired(entry, "verify evicted", "cat evicted"), ">= 0.8"),
         "cold load() / seed()": (build["cold load()"]["seconds"] / seed["seconds"], ""),
     }
     result = {}
@@ -222,13 +238,27 @@ def charts(model: str, report: dict) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a known real model (gemma3-270m, qwen2.5-coder-1.5b, ...)")
+    parser.add_argument("--model", help="a known real model (gemma3-270m, qwen2.5-coder-1.5b, ...)")
     parser.add_argument("--precision", nargs="+", default=["bfloat8_b", "bfloat16"])
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the warm, evicted and verify cases")
     parser.add_argument("--threads", type=int, default=4, help="prefetch threads, and readers of the floor")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-scale"))
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    parser.add_argument("--from-json", type=Path, metavar="JSON",
+                        help="recompute the ratios, tables and charts of an earlier run's JSON (nothing is measured)")
     opts = parser.parse_args()
+    if opts.from_json:
+        results = json.loads(opts.from_json.read_text())
+        if "machine" in results:  # where and when the figures were measured (write_json adds this run's)
+            results["measured_on"] = results.pop("machine")
+        report = results["precisions"]
+        for entry in report.values():
+            entry["ratios"] = ratios(entry, results["largest_tensor_bytes"])
+        print_tables(results["model"], results["checkpoint_bytes"] / MIB, results["largest_tensor_bytes"], report)
+        write_results(opts.out_dir, f"bench_scale-{results['model']}", results, charts(results["model"], report))
+        return
+    if not opts.model:
+        parser.error("--model is required (or --from-json)")
     if os.geteuid() != 0:
         raise SystemExit("evicting the page cache needs root (echo 3 > /proc/sys/vm/drop_caches)")
     from models.demos.real_models.prepare import prepare_model
