@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--optimizations", choices=["performance", "accuracy"], default="performance",
                         help="tt-metal's preset: performance = bfloat8_b weights, accuracy = bfloat16")
     parser.add_argument("--mesh", help="MESH_DEVICE for this run (N150, N300, T3K, TG, '(r,c)')")
+    parser.add_argument("--chat", action="store_true",
+                        help="send each prompt as one user message through llm.chat (the model's chat template)")
     parser.add_argument("--skip_tokenizer_init", action="store_true", help="token-id prompts only, no tokenizer")
     parser.add_argument("--report", type=Path, help="also write the completions and timings here as JSON")
     args = parser.parse_args(argv)
@@ -102,9 +104,14 @@ def run(args: argparse.Namespace, prompts: list[Any]) -> dict[str, Any]:
     llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
     timings["first_token"] = time.perf_counter() - start
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    if args.chat:
+        conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
+        outputs = llm.chat(conversations, params, use_tqdm=False)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     timings["generate"] = time.perf_counter() - start
     completions = [{"prompt": p if isinstance(p, str) else p["prompt_token_ids"], "text": o.outputs[0].text,
+                    "prompt_token_ids": list(o.prompt_token_ids or []),
                     "token_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason}
                    for p, o in zip(prompts, outputs)]
     return {"model": args.model, "timings": timings, "startup": startup, "completions": completions}
@@ -132,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MESH_DEVICE"] = args.mesh
     try:
         prompts = read_prompts(args.prompts_json)
+        if args.chat and not all(isinstance(prompt, str) for prompt in prompts):
+            raise UsageError("--chat takes text prompts only (a chat template renders text)")
     except UsageError as error:
         print(f"offline_inference_tt: {error}", file=sys.stderr)
         return 2

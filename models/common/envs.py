@@ -63,6 +63,13 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     # -- tools --------------------------------------------------------------------------------
     "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1: tt-cache prints the traceback of an internal error"),
     "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
+    "GITHUB_STEP_SUMMARY": EnvVar(
+        _text("GITHUB_STEP_SUMMARY", ""), "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),
+    "GITHUB_OUTPUT": EnvVar(
+        _text("GITHUB_OUTPUT", ""), "set by GitHub Actions: tt-cache seed appends cache-hit, warm, cold, built, failed"),
+    "TT_GGUF_CACHE": EnvVar(
+        lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
+        "where split GGUFs of the real models are assembled, shared by every model root"),
     # -- the prefill cache and resynthesis -------------------------------------------------------
     "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
         _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),
@@ -85,6 +92,9 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     # -- the host (no card) ---------------------------------------------------------------------
     "TT_METAL_MOCK_CLUSTER_DESC_PATH": EnvVar(
         _text("TT_METAL_MOCK_CLUSTER_DESC_PATH"), "ttnn's mock cluster descriptor (set by the project when no card is present)"),
+    "LOGURU_LEVEL": EnvVar(
+        _text("LOGURU_LEVEL", ""), "loguru's stderr level (loguru's own variable); the project defaults it to INFO: "
+        "DEBUG shows ttnn's CONFIG banner at import"),
     "TT_MOCK_BOARD": EnvVar(_text("TT_MOCK_BOARD", "n150"), "which shipped mock cluster to use: n150 (Wormhole) or p150 (Blackhole)"),
     # -- the Hugging Face hub (its rules) --------------------------------------------------------
     "HF_HUB_CACHE": EnvVar(_hub_cache, "the hub cache holding models--org--name/snapshots (hub rules: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)"),

@@ -14,12 +14,15 @@
         components: [text]                # optional: the family's default otherwise
 
 Parsing checks the plan's shape only (torch-free); whether a mesh or precision exists is the
-loader's business and is checked before anything is built (:mod:`models.seeding.runner`).
+loader's business and is checked before anything is built (:mod:`models.seeding.runner`). The
+same combination written twice is an error; two spellings of one variant (``N150`` and ``1x1``,
+``components: [text]`` and the family's default) are merged by the runner, which knows the
+variant each one names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +44,26 @@ class Combination:
     precision: str
     family: str | None = None
     components: tuple[str, ...] | None = None
+    entry: int | None = field(default=None, compare=False)  # its index in the plan's ``models`` list
 
     @property
     def case_name(self) -> str:
         parts = [self.mesh, self.precision] + ([",".join(self.components)] if self.components else [])
         return f"{self.model} [{' '.join(parts)}]"
 
+    @property
+    def entry_name(self) -> str | None:
+        """The plan entry it comes from, as the plan's error messages name it (``models[1]``)."""
+        return None if self.entry is None else f"models[{self.entry}]"
+
+    @property
+    def where(self) -> str:
+        """The case name with the plan entry it comes from (``models[1] org/m [1x1 bfloat16]``)."""
+        return self.case_name if self.entry is None else f"{self.entry_name} {self.case_name}"
+
     def as_json(self) -> dict[str, Any]:
         return {"model": self.model, "family": self.family, "mesh": self.mesh, "precision": self.precision,
-                "components": list(self.components) if self.components else None}
+                "components": list(self.components) if self.components else None, "entry": self.entry}
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,7 @@ def _string_list(entry: dict[str, Any], key: str, where: str, *, required: bool)
     return value
 
 
-def _entry_combinations(entry: Any, where: str) -> list[Combination]:
+def _entry_combinations(entry: Any, where: str, index: int | None = None) -> list[Combination]:
     if not isinstance(entry, dict):
         raise PlanError(f"{where}: expected a mapping with 'model', 'meshes' and 'precisions', got {entry!r}")
     unknown = set(entry) - ENTRY_KEYS
@@ -84,7 +98,7 @@ def _entry_combinations(entry: Any, where: str) -> list[Combination]:
     precisions = _string_list(entry, "precisions", where, required=True)
     components = _string_list(entry, "components", where, required=False)
     return [
-        Combination(model, mesh, precision, family, tuple(components) if components else None)
+        Combination(model, mesh, precision, family, tuple(components) if components else None, index)
         for mesh in meshes
         for precision in precisions
     ]
@@ -99,12 +113,14 @@ def parse_plan(text: str, path: Path) -> Plan:
         raise PlanError(f"{path}: expected a mapping with a non-empty 'models' list")
     combinations: list[Combination] = []
     for index, entry in enumerate(body["models"]):
-        combinations += _entry_combinations(entry, f"{path}: models[{index}]")
-    seen = set()
+        combinations += _entry_combinations(entry, f"{path}: models[{index}]", index)
+    seen: dict[Combination, Combination] = {}
     for combination in combinations:
         if combination in seen:
-            raise PlanError(f"{path}: {combination.case_name} is listed twice")
-        seen.add(combination)
+            first = seen[combination]
+            raise PlanError(f"{path}: {combination.case_name} is listed twice (models[{first.entry}] and "
+                            f"models[{combination.entry}])")
+        seen[combination] = combination
     return Plan(path, tuple(combinations))
 
 

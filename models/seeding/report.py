@@ -1,5 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What a seed or check run found, per combination, as lines, JSON and JUnit XML for dashboards."""
+"""What a seed or check run found, per combination, as lines, JSON and JUnit XML for dashboards.
+
+Every run writes the reports it was asked for, whatever ends it: a plan that cannot be used (an
+unreadable file, bad YAML, an unknown mesh, a duplicate) is a report with no case and an
+``error`` (JUnit: one ``error`` test case naming the problem), so a CI artifact step always has
+something to upload; a cancelled run reports the cases it finished and the interruption.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +19,22 @@ from typing import Any
 from models.common.fileio import atomic_write_bytes
 from models.seeding.plan import Combination
 
+SCHEMA_VERSION = 1  # of the JSON report (``--report``, ``--json``); bumped when a key changes meaning
+
 # outcomes: already warm (stat-only skip), built now and warm, cold under --check, or why not
 # (``partial``: a ``tt-cache build --num-layers`` build, which is never marked complete)
 WARM, SEEDED, PARTIAL, COLD, FAILED, STALLED = "warm", "seeded", "partial", "cold", "failed", "stalled"
 OK_OUTCOMES = frozenset({WARM, SEEDED, PARTIAL})
+# why a run stopped before its plan was done (the JUnit error type, the JSON ``error_type``)
+BAD_INPUT, INTERRUPTED, INTERNAL_ERROR = "bad_input", "interrupted", "internal_error"
 
 
 @dataclass(frozen=True)
 class CaseResult:
+    """One variant's outcome. ``merged``: other plan entries that name the same variant (one case
+    for all); ``cache_bytes`` and ``build_seconds`` (the cold build's, from its marker) describe
+    the variant when it is warm."""
+
     combination: Combination
     outcome: str
     reason: str = ""
@@ -28,20 +42,54 @@ class CaseResult:
     cache_dir: str | None = None
     weights_written: int = 0
     bytes_written: int = 0
+    merged: tuple[Combination, ...] = ()
+    cache_bytes: int = 0
+    build_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.outcome in OK_OUTCOMES
 
+    @property
+    def seconds_saved(self) -> float:
+        """A warm hit saves the cold build its marker recorded, less the time the check took."""
+        if self.outcome != WARM or self.build_seconds is None:
+            return 0.0
+        return max(0.0, self.build_seconds - self.seconds)
+
     def summary(self) -> str:
         where = f" -> {self.cache_dir}" if self.cache_dir else ""
         why = f": {self.reason}" if self.reason else ""
-        return f"{self.combination.case_name}: {self.outcome}{why} ({self.seconds:.1f} s){where}"
+        also = f" (also {', '.join(c.where for c in self.merged)})" if self.merged else ""
+        return f"{self.combination.case_name}{also}: {self.outcome}{why} ({self.seconds:.1f} s){where}"
 
     def as_json(self) -> dict[str, Any]:
         return {**self.combination.as_json(), "case": self.combination.case_name, "outcome": self.outcome,
                 "ok": self.ok, "reason": self.reason, "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir,
-                "weights_written": self.weights_written, "bytes_written": self.bytes_written}
+                "weights_written": self.weights_written, "bytes_written": self.bytes_written,
+                "cache_bytes": self.cache_bytes, "build_seconds": self.build_seconds,
+                "seconds_saved": round(self.seconds_saved, 3),
+                "merged": [{"entry": c.entry_name, "case": c.case_name} for c in self.merged]}
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What a CI engineer reads off a cache run (the job summary, the step outputs)."""
+
+    variants: int
+    warm: int
+    cold: int
+    built: int
+    failed: int
+    cache_bytes: int
+    bytes_written: int
+    seconds: float
+    seconds_saved: float
+
+    @property
+    def cache_hit(self) -> bool:
+        """Every variant of the plan was warm (``actions/cache``'s ``cache-hit``)."""
+        return self.variants > 0 and self.warm == self.variants
 
 
 @dataclass
@@ -51,10 +99,20 @@ class SeedReport:
     cases: list[CaseResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     seconds: float = 0.0
+    error: str | None = None  # why the run stopped before its plan was done
+    error_type: str | None = None  # BAD_INPUT, INTERRUPTED or INTERNAL_ERROR
 
     @property
     def ok(self) -> bool:
-        return all(case.ok for case in self.cases)
+        return self.error is None and all(case.ok for case in self.cases)
+
+    @property
+    def command(self) -> str:
+        return "tt-cache check" if self.check_only else "tt-cache seed"
+
+    def stop(self, error: str, error_type: str) -> None:
+        self.error, self.error_type = error, error_type
+        self.seconds = self.seconds or time.time() - self.started
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -62,15 +120,32 @@ class SeedReport:
             counts[case.outcome] = counts.get(case.outcome, 0) + 1
         return counts
 
+    def statistics(self) -> Statistics:
+        counts = self.counts()
+        return Statistics(
+            variants=len(self.cases), warm=counts.get(WARM, 0), cold=counts.get(COLD, 0),
+            built=counts.get(SEEDED, 0) + counts.get(PARTIAL, 0),
+            failed=counts.get(FAILED, 0) + counts.get(STALLED, 0),
+            cache_bytes=sum(case.cache_bytes for case in self.cases),
+            bytes_written=sum(case.bytes_written for case in self.cases),
+            seconds=self.seconds, seconds_saved=sum(case.seconds_saved for case in self.cases))
+
     def summary_lines(self) -> list[str]:
-        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items()))
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items())) or "none run"
         verdict = "ok" if self.ok else "FAILED"
-        return [case.summary() for case in self.cases] + [
+        stopped = [f"stopped ({self.error_type}): {self.error}"] if self.error else []
+        return [case.summary() for case in self.cases] + stopped + [
             f"{verdict}: {len(self.cases)} combination(s) of {self.plan}: {counts} in {self.seconds:.1f} s"
         ]
 
     def as_json(self) -> dict[str, Any]:
-        return {"plan": self.plan, "check_only": self.check_only, "ok": self.ok, "counts": self.counts(),
+        stats = self.statistics()
+        return {"schema_version": SCHEMA_VERSION, "plan": self.plan, "check_only": self.check_only, "ok": self.ok,
+                "error": self.error, "error_type": self.error_type, "counts": self.counts(),
+                "statistics": {"variants": stats.variants, "warm": stats.warm, "cold": stats.cold,
+                               "built": stats.built, "failed": stats.failed, "cache_hit": stats.cache_hit,
+                               "cache_bytes": stats.cache_bytes, "bytes_written": stats.bytes_written,
+                               "seconds_saved": round(stats.seconds_saved, 3)},
                 "started": self.started, "seconds": round(self.seconds, 3),
                 "cases": [case.as_json() for case in self.cases]}
 
@@ -81,13 +156,16 @@ def write_json_report(report: SeedReport, path: Path) -> None:
 
 
 def junit_xml(report: SeedReport) -> bytes:
-    """One ``testcase`` per combination (``classname`` the model), a ``failure`` with the reason."""
+    """One ``testcase`` per combination (``classname`` the model), a ``failure`` with the reason;
+    a run that stopped early adds one ``testcase`` (``classname`` the command, ``name`` the plan)
+    with an ``error`` naming the problem."""
     failures = sum(not case.ok for case in report.cases)
-    suites = ET.Element("testsuites", tests=str(len(report.cases)), failures=str(failures),
+    errors = int(report.error is not None)
+    tests = len(report.cases) + errors
+    suites = ET.Element("testsuites", tests=str(tests), failures=str(failures), errors=str(errors),
                         time=f"{report.seconds:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name="tt-cache check" if report.check_only else "tt-cache seed",
-                          tests=str(len(report.cases)), failures=str(failures), errors="0", skipped="0",
-                          time=f"{report.seconds:.3f}",
+    suite = ET.SubElement(suites, "testsuite", name=report.command, tests=str(tests), failures=str(failures),
+                          errors=str(errors), skipped="0", time=f"{report.seconds:.3f}",
                           timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(report.started)))
     for case in report.cases:
         combination = case.combination
@@ -98,6 +176,10 @@ def junit_xml(report: SeedReport) -> bytes:
             failure.text = case.summary()
         else:
             ET.SubElement(element, "system-out").text = case.summary()
+    if report.error is not None:
+        element = ET.SubElement(suite, "testcase", classname=report.command, name=f"plan {report.plan}", time="0.000")
+        ET.SubElement(element, "error", message=report.error, type=report.error_type or INTERNAL_ERROR).text = (
+            f"{report.command} stopped ({report.error_type}) after {len(report.cases)} case(s): {report.error}")
     ET.indent(suites)
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"
 

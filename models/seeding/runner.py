@@ -18,19 +18,26 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import models
 from models.common import envs
-from models.common.checkpoint import CONFIG_FILE, CheckpointError, hub_cache_dir, read_config, resolve_checkpoint_dir
+from models.common.checkpoint import (
+    CONFIG_FILE,
+    CheckpointError,
+    hub_cache_dir,
+    model_id,
+    read_config,
+    resolve_checkpoint_dir,
+)
 from models.common.mesh import parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.weight_cache.layout import PRECISIONS
-from models.common.weight_cache.marker import WeightCacheError
+from models.common.weight_cache.layout import PRECISIONS, CacheRoot, VariantPaths, variant_subdir, variant_tag
+from models.common.weight_cache.marker import WeightCacheError, iter_markers
 from models.common.weight_cache.request import CacheRequest
-from models.common.weight_cache.usage import touch_last_used
+from models.common.weight_cache.usage import model_ids, touch_last_used
 from models.registry import FAMILY_LOADERS, family_facts, family_of, loader_class
 
 if TYPE_CHECKING:
@@ -252,24 +259,77 @@ def validate_plan(plan: Plan) -> None:
         raise SeedInputError(f"{plan.path}: unknown {'; '.join(dict.fromkeys(problems))}")
 
 
-def run_combination(combination: Combination, options: SeedOptions) -> CaseResult:
-    start = time.perf_counter()
+@dataclass
+class PlannedVariant:
+    """One cache variant a plan names: the first plan entry that names it, the later ones merged
+    into it (another spelling of the mesh, the family's default components written out, another
+    name for the same weights), and its request, or why it cannot be opened."""
 
-    def result(outcome: str, reason: str = "", cache_dir: Any = None, tracker: ProgressTracker | None = None):
+    combination: Combination
+    opened: OpenedRequest | None
+    problem: str = ""
+    open_seconds: float = 0.0
+    merged: list[Combination] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple:
+        """What makes two plan entries one variant: the cache it resolves to (the weights' content,
+        else the cache dir; precision, mesh, layers; build variant; components), or, when it cannot
+        be opened, the entry in canonical form (mesh as (rows, cols), components as a set)."""
+        combination, opened = self.combination, self.opened
+        if opened is None:
+            components = tuple(sorted(set(combination.components))) if combination.components else None
+            return ("plan", combination.model, parse_mesh_shape(combination.mesh), combination.precision,
+                    combination.family, components)
+        request = opened.request
+        return ("cache", request.content_id or str(request.cache_dir), str(request.variant_subdir),
+                variant_tag(request.build_variant), opened.components, opened.n_layers)
+
+
+def plan_variants(plan: Plan, options: SeedOptions) -> list[PlannedVariant]:
+    """Every variant of the plan once, in plan order (validate the plan first)."""
+    variants: dict[tuple, PlannedVariant] = {}
+    for combination in plan.combinations:
+        start = time.perf_counter()
+        try:
+            planned = PlannedVariant(combination, open_request(combination, options.cache_root))
+        except SeedInputError as error:
+            planned = PlannedVariant(combination, None, str(error))
+        planned.open_seconds = time.perf_counter() - start
+        first = variants.setdefault(planned.key, planned)
+        if first is not planned:
+            first.merged.append(combination)
+    return list(variants.values())
+
+
+def _marker_facts(status: Any) -> dict[str, Any]:
+    """The variant's size and the cold build time its marker recorded (for the run's statistics)."""
+    marker = getattr(status, "marker", None)
+    if marker is None:
+        return {}
+    return {"cache_bytes": sum(record.bytes for record in marker.all_files()), "build_seconds": marker.build_seconds}
+
+
+def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult:
+    combination = variant.combination
+    start = time.perf_counter() - variant.open_seconds
+
+    def result(outcome: str, reason: str = "", cache_dir: Any = None, tracker: ProgressTracker | None = None,
+               status: Any = None):
         written = tracker.snapshot() if tracker else None
         return CaseResult(combination, outcome, reason, time.perf_counter() - start,
                           str(cache_dir) if cache_dir else None,
-                          written.weights_done if written else 0, written.bytes_done if written else 0)
+                          written.weights_done if written else 0, written.bytes_done if written else 0,
+                          tuple(variant.merged), **_marker_facts(status))
 
-    try:
-        opened = open_request(combination, options.cache_root)
-    except SeedInputError as error:
-        return result(FAILED, str(error))
+    opened = variant.opened
+    if opened is None:
+        return result(FAILED, variant.problem)
     cache_dir = opened.request.cache_dir
     status = opened.status()
     if status.warm:
         touch_last_used(opened.request.paths)  # a CI check that finds the cache warm is a use: gc keeps it
-        return result(WARM, "", cache_dir)
+        return result(WARM, "", cache_dir, status=status)
     if options.check_only:
         return result(COLD, status.reason, cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
@@ -279,18 +339,61 @@ def run_combination(combination: Combination, options: SeedOptions) -> CaseResul
     after = opened.status()
     if not after.warm:
         return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", cache_dir, tracker)
-    return result(SEEDED, "", cache_dir, tracker)
+    return result(SEEDED, "", cache_dir, tracker, after)
 
 
-def run_plan(plan: Plan, options: SeedOptions) -> SeedReport:
-    """Every combination, in plan order; one failing model never stops the others."""
+def run_plan(plan: Plan, options: SeedOptions, report: SeedReport | None = None) -> SeedReport:
+    """Every variant, in plan order; one failing model never stops the others. ``report`` (made
+    here when not given) gets each case as it finishes, so a caller interrupted mid-run still has
+    the finished ones."""
     validate_plan(plan)
-    report = SeedReport(str(plan.path), options.check_only)
+    report = report if report is not None else SeedReport(str(plan.path), options.check_only)
     start = time.perf_counter()
-    for combination in plan.combinations:
-        case = run_combination(combination, options)
+    variants = plan_variants(plan, options)
+    for variant in variants:
+        if variant.merged:
+            also = "; ".join(c.where for c in variant.merged)
+            print(f"{plan.path}: {also}: the same variant as {variant.combination.where}; merged into one case",
+                  file=sys.stderr, flush=True)
+    for variant in variants:
+        case = run_combination(variant, options)
         report.cases.append(case)
+        report.seconds = time.perf_counter() - start
         if options.progress:
             print(case.summary(), file=sys.stderr, flush=True)
     report.seconds = time.perf_counter() - start
     return report
+
+
+# -- what a plan keeps (tt-cache gc --keep-plan) --------------------------------------------------
+
+
+def _markers_of_model(combination: Combination, cache_root: Path) -> set[Path]:
+    """Every variant built from this model id at the combination's precision and mesh (of its
+    family, if the plan names one): what a combination that cannot be opened may still name."""
+    wanted = model_id(combination.model)
+    subdir = variant_subdir(combination.precision, parse_mesh_shape(combination.mesh))
+    found = set()
+    for model_dir in CacheRoot(cache_root).model_dirs():
+        for path, marker, _ in iter_markers(model_dir / subdir):
+            if marker is None or (combination.family is not None and marker.family != combination.family):
+                continue
+            if marker.model_id == wanted or wanted in model_ids(VariantPaths(path.parent, marker.build_variant)):
+                found.add(path)
+    return found
+
+
+def plan_markers(plan: Plan, cache_root: Path) -> set[Path]:
+    """The marker files of every variant ``plan`` names under ``cache_root`` (some may not exist
+    yet): each combination's cache as the loader resolves it, or, when it cannot be opened (no
+    checkpoint here and no family named, an ambiguous cache-only model), every variant built
+    from its model id at its precision and mesh. Raises :class:`SeedInputError` for a plan
+    naming a mesh, precision or family that does not exist."""
+    validate_plan(plan)
+    markers: set[Path] = set()
+    for combination in plan.combinations:
+        try:
+            markers.add(open_request(combination, str(cache_root)).request.paths.marker)
+        except SeedInputError:
+            markers |= _markers_of_model(combination, cache_root)
+    return markers

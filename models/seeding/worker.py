@@ -13,6 +13,9 @@ from models.seeding.plan import Combination
 from models.seeding.progress import PipeProgress
 
 
+BUILD_MODULES = frozenset({"torch", "ttnn", "transformers", "safetensors", "numpy"})  # what a light install lacks
+
+
 def main(argv: list[str]) -> int:
     spec, progress = json.loads(argv[0]), PipeProgress(int(argv[1]))
     raw = spec["combination"]
@@ -30,7 +33,11 @@ def main(argv: list[str]) -> int:
         progress.send("result", ok=False, reason=str(error))
         return 2
     except Exception as error:  # noqa: BLE001 - reported to the parent as this combination's failure
-        progress.send("result", ok=False, reason=f"{type(error).__name__}: {error}")
+        reason = f"{type(error).__name__}: {error}"
+        if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in BUILD_MODULES:
+            reason = (f"{error.name} is not installed: a light install (requirements-light.txt) checks caches but "
+                      "cannot build them; seed from the full install (scripts/setup_env.sh)")
+        progress.send("result", ok=False, reason=reason)
         return 1
     progress.send("result", ok=result.complete, reason="" if result.complete else "the seed left the cache cold")
     return 0

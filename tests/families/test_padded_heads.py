@@ -14,9 +14,9 @@ import pytest
 
 from models.common.decoder import column_heads
 from models.common.reference import ReferenceDecoder
-from models.common.tensor_cache import host_shards
+from models.common.weight_cache.tensor_cache import host_shards
 from models.registry import loader_class
-from tests.ttnn.tiny_models import hf_logits, make_checkpoint, pcc
+from models.testing.tiny_models import hf_logits, make_checkpoint, pcc
 
 PROMPT = [3, 17, 99, 250, 7, 42, 300, 11]
 # (family, query heads, KV heads): GQA groups of 3 (SmolLM2) and 2, Qwen2 with its q/k/v biases (its tiny

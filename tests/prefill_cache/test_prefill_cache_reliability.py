@@ -5,7 +5,7 @@ single-byte corruption, and property-based malformed manifests and progress file
 Writers run in forked child processes (torch is already imported, so a child costs milliseconds,
 not seconds) and are killed from outside with SIGKILL after a random delay. Every random choice
 comes from a seed printed on failure. The long versions are marked ``slow``:
-``scripts/run_tests.sh -m slow tests/ttnn/test_prefill_cache_reliability.py``."""
+``scripts/run_tests.sh -m slow tests/prefill_cache/test_prefill_cache_reliability.py``."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def shard_digests(tensors: list[torch.Tensor]) -> list[list]:
 
 def model_digests(loaded) -> dict[str, list[list]]:
     """Digests of every ttnn weight's device shards and every host-kept weight of a loaded model."""
-    from models.common.tensor_cache import host_shards
+    from models.common.weight_cache.tensor_cache import host_shards
 
     digests = {name: shard_digests(host_shards(tensor)) for name, tensor in loaded.weights.items()}
     digests |= {f"host:{name}": shard_digests([tensor]) for name, tensor in loaded.host_weights.items()}

@@ -116,6 +116,29 @@ def test_cli_refuses_an_unknown_model_and_lists_the_known_ones(tmp_path: Path) -
         prepare_model("llama-7b", tmp_path / "root")
 
 
+def test_tt_cache_prepare(tmp_path: Path) -> None:
+    """``tt-cache prepare MODEL`` is the same prepare: the snapshot dir on stdout (and in ``--json``);
+    an unknown name or a bad model root is one line and exit 2 / 1, no traceback, nothing made."""
+    tt_cache = [sys.executable, "-m", "models.tt_cache.cli"]
+    snapshot = prepare_model(SMOLLM2.name)
+    done = subprocess.run([*tt_cache, "prepare", SMOLLM2.name], env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == str(snapshot), done.stderr
+    done = subprocess.run([*tt_cache, "prepare", SMOLLM2.name, "--json"], env=_env(), capture_output=True, text=True)
+    report = json.loads(done.stdout)
+    assert report["snapshot"] == str(snapshot) and report["repo_id"] == SMOLLM2.repo_id
+
+    unknown = subprocess.run([*tt_cache, "prepare", "llama-7b", "--model-root", str(tmp_path / "root")], env=_env(),
+                             capture_output=True, text=True)
+    assert unknown.returncode == 2 and "unknown model 'llama-7b'; known: " in unknown.stderr
+    assert "Traceback" not in unknown.stderr and not (tmp_path / "root").exists()
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    bad_root = subprocess.run([*tt_cache, "prepare", SMOLLM2.name, "--model-root", str(not_a_dir)], env=_env(),
+                              capture_output=True, text=True)
+    assert bad_root.returncode == 1 and "not a directory" in bad_root.stderr and "Traceback" not in bad_root.stderr
+    assert not_a_dir.read_text() == "x"
+
+
 def test_bad_model_root_is_refused(tmp_path: Path) -> None:
     assert model_snapshot(SMOLLM2.name, tmp_path / "empty") is None
     assert not (tmp_path / "empty").exists()  # asking does no work

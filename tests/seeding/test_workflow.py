@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -43,6 +44,10 @@ def test_actionlint_catches_a_broken_copy(tmp_path):
                       .replace("${{ !cancelled() }}", "${{ !cancelled( }}"))
     result = lint(broken)
     assert result.returncode == 1 and "seeed" in result.stdout, result.stdout + result.stderr
+    typo = tmp_path / "typo.yaml"  # a step output read from a step id that does not exist
+    typo.write_text(WORKFLOW.read_text().replace("steps.check.outputs", "steps.chek.outputs"))
+    result = lint(typo)
+    assert result.returncode == 1 and "chek" in result.stdout, result.stdout + result.stderr
 
 
 def _run_commands() -> list[tuple[str, list[str]]]:
@@ -71,6 +76,53 @@ def test_every_tt_cache_command_in_the_workflow_parses():
         parser.parse_args(words)  # exits (fails the test) on an unknown option
     validate = [words for job, words in commands if job == "validate" and words[0] == "seed"]
     assert validate and all("--check" in words for words in validate)
+    gc = [words for job, words in commands if words[0] == "gc"]
+    assert gc and all(words[words.index("--keep-plan") + 1] == ".github/warm-cache-plan.yaml" for words in gc)
+
+
+def _steps(job: str) -> list[dict]:
+    return yaml.safe_load(WORKFLOW.read_text())["jobs"][job]["steps"]
+
+
+def _setup_script(job: str) -> tuple[int, Path]:
+    """(index of the step, script) of the job's environment set-up."""
+    found = [(index, REPO_ROOT / word) for index, step in enumerate(_steps(job))
+             for word in step.get("run", "").split() if re.fullmatch(r"scripts/setup\w*env\.sh", word)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_validate_job_runs_on_the_light_install():
+    assert _setup_script("seed")[1].name == "setup_env.sh"
+    assert _setup_script("validate")[1].name == "setup_light_env.sh"
+    validate_runs = [step["run"] for step in _steps("validate") if "tt-cache" in step.get("run", "")]
+    assert validate_runs and all(run.startswith(". .venv-light/bin/activate\n") for run in validate_runs)
+
+
+def test_each_job_caches_its_dependency_download_keyed_on_what_it_installs():
+    for job in ("seed", "validate"):
+        setup_index, script = _setup_script(job)
+        installs = set(re.findall(r"requirements[\w-]*\.txt", script.read_text())) | {"setup.py"}
+        caches = [(index, step["with"]) for index, step in enumerate(_steps(job))
+                  if step.get("uses", "").startswith("actions/cache@")]
+        assert len(caches) == 1 and caches[0][0] < setup_index, (job, caches)
+        options = caches[0][1]
+        (hashed,) = re.findall(r"hashFiles\(([^)]*)\)", options["key"])
+        keyed = {name.strip().strip("'\"") for name in hashed.split(",")}
+        assert keyed == installs and all((REPO_ROOT / name).is_file() for name in keyed), (job, keyed, installs)
+        assert {"~/.cache/uv", "~/.cache/pip"} <= set(options["path"].split()), (job, options["path"])
+
+
+def test_the_seed_steps_outputs_are_used():
+    """``cache-hit`` of the check step decides a later step; the seed job passes its outputs on."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    seeding = {job: step["id"] for job in ("seed", "validate") for step in _steps(job)
+               if "tt-cache seed" in step.get("run", "") and "id" in step}
+    assert set(seeding) == {"seed", "validate"}
+    conditions = [step.get("if", "") for step in _steps("validate")]
+    assert f"steps.{seeding['validate']}.outputs.cache-hit != 'true'" in " ".join(conditions)
+    outputs = workflow["jobs"]["seed"]["outputs"]
+    assert outputs["cache-hit"] == f"${{{{ steps.{seeding['seed']}.outputs.cache-hit }}}}"
 
 
 def test_the_shipped_plan_parses():

@@ -110,7 +110,7 @@ def test_older_than_evicts_only_variants_unused_that_long(three_variants):
 
 def test_gc_needs_a_limit_and_parses_it(tmp_path):
     (tmp_path / "root").mkdir()
-    for args, message in ((["gc", str(tmp_path / "root")], "needs --max-size and/or --older-than"),
+    for args, message in ((["gc", str(tmp_path / "root")], "needs --max-size, --older-than"),
                           (["gc", str(tmp_path / "root"), "--max-size", "lots"], "size 'lots'"),
                           (["gc", str(tmp_path / "root"), "--older-than", "1 fortnight"], "duration '1 fortnight'")):
         out = tt_cache(*args, env=cli_env())

@@ -14,7 +14,6 @@ import os
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,22 +22,26 @@ import torch
 from safetensors import safe_open
 
 from models.common.fileio import sha256_file
-from models.demos.real_models.prepare import prepare_gemma3_270m
+from models.demos.real_models.prepare import prepare_model
 from models.testing.tiny_models import pcc
 from tests.vllm.engines import run_offline
-
-pytestmark = pytest.mark.real_model
 
 
 @dataclass(frozen=True)
 class RealModel:
-    name: str
+    name: str  # in models/demos/real_models/known.py
     hub_id: str  # what LLM(model=...) is given
-    prepare: Callable[[], Path]  # -> the prepared hub snapshot directory (models--org--name/snapshots/<rev>)
+    chat: bool  # instruct models: prompts go through llm.chat and the model's chat template
+
+    def prepare(self) -> Path:
+        """The prepared hub snapshot directory (models--org--name/snapshots/<rev>)."""
+        return prepare_model(self.name)
 
 
 REAL_MODELS = [
-    RealModel("gemma3-270m", "google/gemma-3-270m", prepare_gemma3_270m),
+    RealModel("gemma3-270m", "google/gemma-3-270m", chat=False),
+    RealModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True),
+    RealModel("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", chat=True),
 ]
 PROMPTS = [  # four lengths, one batch
     "The capital of France is",
@@ -49,7 +52,8 @@ PROMPTS = [  # four lengths, one batch
 STEPS = 8
 
 
-@pytest.fixture(scope="module", params=REAL_MODELS, ids=lambda m: m.name)
+@pytest.fixture(scope="module", params=[pytest.param(m, id=m.name, marks=pytest.mark.real_models(m.name))
+                                        for m in REAL_MODELS])
 def real_model(request) -> RealModel:
     return request.param
 
@@ -61,8 +65,9 @@ def source(real_model) -> Path:
 
 def start(model: RealModel, env: dict[str, str], report: Path, precision: str = "bfloat16",
           prefix: tuple[str, ...] = ()):
+    chat = ("--chat",) if model.chat else ()
     return run_offline("--model", model.hub_id, "--greedy_sampling", "--max_tokens", str(STEPS), "--precision", precision,
-                       "--max_model_len", "256", env=env, report=report, prefix=prefix)
+                       "--max_model_len", "256", *chat, env=env, report=report, prefix=prefix)
 
 
 def hub_env(hub: Path, cache: Path) -> dict[str, str]:
@@ -79,7 +84,9 @@ def copy_repo(source: Path, destination: Path, *, weights: bool) -> Path:
     weights file a symlink to ``blobs/<sha256>`` (verified against that name on first sight);
     ``weights=False``: config and tokenizer only. Returns the hub."""
     repo = destination / "hub" / source.parents[1].name
-    shutil.copytree(source.parents[1], repo, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(source, repo / "snapshots" / source.name, ignore=shutil.ignore_patterns("*.safetensors"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(source.name)
     if weights:
         snapshot = snapshot_of(destination / "hub")
         (repo / "blobs").mkdir(exist_ok=True)
@@ -92,11 +99,13 @@ def copy_repo(source: Path, destination: Path, *, weights: bool) -> Path:
 
 def snapshot_of(hub: Path) -> Path:
     repo = next(hub.glob("models--*"))
-    return next((repo / "snapshots").iterdir())
+    return repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
 
 
-def assert_greedy(report: dict, expected: list[list[int]]) -> None:
-    """vLLM's tokens are transformers' (up to an end-of-sequence stop)."""
+def assert_greedy(report: dict, expected: list[list[int]], prompts: list[list[int]] | None = None) -> None:
+    """vLLM's tokens are transformers' (up to an end-of-sequence stop), from the same prompt ids."""
+    if prompts is not None:
+        assert [item["prompt_token_ids"] for item in report["completions"]] == prompts
     for item, want in zip(report["completions"], expected):
         got = item["token_ids"]
         assert got == want[: len(got)], (item["prompt"], got, want)
@@ -119,8 +128,18 @@ def deploy_hub(source, tmp_path_factory) -> Path:
     return copy_repo(source, tmp_path_factory.mktemp("hub-deploy"), weights=False)
 
 
+def prompt_ids_of(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """The token ids vLLM computes for ``prompt``: the chat template rendered to text and tokenized
+    without special tokens (what ``llm.chat`` does), or the plain tokenizer."""
+    if not chat:
+        return tokenizer(prompt).input_ids
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 @pytest.fixture(scope="module")
-def transformers_reference(hub) -> dict[str, list]:
+def transformers_reference(real_model, hub) -> dict[str, list]:
     """transformers' fp32 greedy tokens and first-step logits of each prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +149,7 @@ def transformers_reference(hub) -> dict[str, list]:
     tokens, logits, ids = [], [], []
     with torch.no_grad():
         for prompt in PROMPTS:
-            prompt_ids = tokenizer(prompt).input_ids
+            prompt_ids = prompt_ids_of(tokenizer, prompt, real_model.chat)
             out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=STEPS, do_sample=False)
             tokens.append(out[0, len(prompt_ids):].tolist())
             logits.append(model(torch.tensor([prompt_ids])).logits[0, -1])
@@ -151,7 +170,7 @@ def cold_start(real_model, hub, bf16_cache, tmp_path_factory) -> dict:
 
 def test_cold_start_generates_transformers_greedy_tokens(real_model, cold_start, transformers_reference):
     assert cold_start["startup"]["warm"] is False
-    assert_greedy(cold_start, transformers_reference["tokens"])
+    assert_greedy(cold_start, transformers_reference["tokens"], transformers_reference["ids"])
     cache_dir = Path(cold_start["startup"]["cache_dir"])
     assert cache_dir.parts[-2:] == ("bfloat16", "mesh_1x1") and cache_dir.parts[-3].startswith(real_model.hub_id.split("/")[1])
 

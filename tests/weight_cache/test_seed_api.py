@@ -2,7 +2,7 @@
 """The warm ttnn weight cache (models/common/weight_cache.py) on real tensorbins.
 
 Every cache here is written by ``ttnn.as_tensor`` / ``ttnn.dump_tensor`` on the mock cluster
-(bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see tests/ttnn/conftest.py.
+(bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see models/testing/fixtures.py.
 """
 
 from __future__ import annotations

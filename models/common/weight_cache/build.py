@@ -93,6 +93,7 @@ class BuildTransaction:
         self.generation: Generation | None = None
         self.committed: WeightCacheMarker | None = None
         self.timings: dict[str, float] = {}  # seal (hash + stamp), publish (marker), retire
+        self.opened_at = 0.0  # when the generation was made: the marker's build_seconds count from here
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> BuildTransaction:
@@ -118,6 +119,7 @@ class BuildTransaction:
         if not self.lock.held:
             raise PermissionError(f"{self.paths.cache_dir} is not writable: {self.lock.why}")
         self.generation = Generation(self.paths)
+        self.opened_at = time.perf_counter()
         return self.generation.path
 
     def commit(self, marker: WeightCacheMarker, files: Sequence[str], host_sidecar: str | None = None) -> WeightCacheMarker:
@@ -131,7 +133,8 @@ class BuildTransaction:
         records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix)
         sealed_at = time.perf_counter()
         sealed = dataclasses.replace(marker, generation=generation.name, files=records[:len(files)],
-                                     host_sidecar=records[len(files)] if host_sidecar else None, verified_ns=verified_ns)
+                                     host_sidecar=records[len(files)] if host_sidecar else None, verified_ns=verified_ns,
+                                     build_seconds=round(sealed_at - self.opened_at, 3))
         previous = named_generation(self.paths.marker)
         if previous and read_record(self.paths.generation_dir(previous)) is None:
             adopt_generation(self.paths, previous)  # an older format's generation: removable once replaced

@@ -10,11 +10,14 @@ Marker format (``format_version`` 6), JSON, UTF-8, published atomically after a 
      "files": [{"path": "g1/layers.0/wq.tensorbin", "bytes": int, "digest": hex,
                 "stamp": [inode, mtime_ns, ctime_ns]}, ...],
      "host_weights": [key, ...], "host_sidecar": <file record> | null,
-     "weights": {key: [[dim, ...], "torch.bfloat16"], ...}}
+     "weights": {key: [[dim, ...], "torch.bfloat16"], ...}, "build_seconds": float | null}
 
 ``model_id`` is how the model was named (org included); ``content_id`` the checkpoint's content
 digest (:mod:`~models.common.weight_cache.identity`); ``verified_ns`` when the build began hashing
-its files (the racy-clock rule of :mod:`~models.common.weight_cache.stamps` needs it). Every field
+its files (the racy-clock rule of :mod:`~models.common.weight_cache.stamps` needs it);
+``build_seconds`` (optional: null or absent in older markers) how long the cold build took, from
+its generation's creation to the seal, so a reader that finds the cache warm can say what it saved
+(``tt-cache seed`` statistics). Every field
 is type- and range-checked and every path must stay inside the cache dir: a marker is input.
 v5 and older markers read as cold (the identity and the stamps changed meaning).
 """
@@ -43,6 +46,7 @@ _MAX_ELEMENTS = 1 << 50  # a placeholder's size must fit torch's int64 byte coun
 _MAX_LAYERS = 1 << 20
 _MAX_STAMP = 1 << 80
 _MAX_NS = 1 << 63
+_MAX_SECONDS = 1e9
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _GENERATION = re.compile(r"g[0-9A-Za-z_-]{1,64}")
 _MESH_SHAPE = re.compile(r"\((\d+)(?:, (\d+))*,?\)")
@@ -97,6 +101,7 @@ class WeightCacheMarker:
     host_sidecar: FileRecord | None
     weights: dict[str, tuple[tuple[int, ...], str]] = field(repr=False)
     verified_ns: int = 0
+    build_seconds: float | None = None
 
     @property
     def family(self) -> str | None:
@@ -267,6 +272,12 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
     _expect(body.get("digest_algorithm") == CONTENT_DIGEST_ALGORITHM, "unknown digest_algorithm")
     verified_ns = body.get("verified_ns")
     _expect(_is_int(verified_ns, 0, _MAX_NS), f"verified_ns {verified_ns!r} is not a time in ns")
+    build_seconds = body.get("build_seconds")
+    _expect(
+        build_seconds is None
+        or (type(build_seconds) in (int, float) and math.isfinite(build_seconds) and 0 <= build_seconds < _MAX_SECONDS),
+        f"build_seconds {build_seconds!r} is not a duration in seconds",
+    )
     files = body.get("files")
     _expect(isinstance(files, list) and len(files) > 0, "files is not a non-empty list")
     records = tuple(_file_record(f) for f in files)
@@ -297,6 +308,7 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
         host_sidecar=None if sidecar is None else _file_record(sidecar),
         weights={key: _weight_spec(key, spec) for key, spec in weights.items()},
         verified_ns=verified_ns,
+        build_seconds=None if build_seconds is None else float(build_seconds),
     )
 
 
@@ -325,6 +337,7 @@ def marker_json(marker: WeightCacheMarker) -> bytes:
         "host_weights": list(marker.host_weights),
         "host_sidecar": marker.host_sidecar.as_json() if marker.host_sidecar else None,
         "weights": {key: [list(shape), dtype] for key, (shape, dtype) in marker.weights.items()},
+        "build_seconds": marker.build_seconds,
     }
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 

@@ -51,11 +51,13 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from models.common import envs
 from models.common.fileio import (
     atomic_write_bytes,
     file_lock,
@@ -86,15 +88,27 @@ __all__ = ["PrepareError", "UnknownModelError", "main", "model_snapshot", "prepa
 # ---------------------------------------------------------------------------------------------
 
 
+def transformers_version() -> str:
+    """The installed transformers' version, read from its metadata (no import)."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
 def revision(model: KnownModel) -> str:
-    """The snapshot revision: stable per (GGUF content, recipe)."""
-    return hashlib.sha256(f"{model.sha256}\nrecipe={RECIPE_VERSION}\n".encode()).hexdigest()[:40]
+    """The snapshot revision: stable per (GGUF content, recipe, transformers version). The files are
+    byte for byte what the installed transformers writes, and its version is in ``config.json``, so
+    environments with another transformers (the vLLM one pins an older one) prepare a snapshot of
+    their own beside this one instead of serving each other a config they would not write."""
+    key = f"{model.sha256}\nrecipe={RECIPE_VERSION}\ntransformers={transformers_version()}\n"
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
 def resolve_model_root(model_root: Path | str | None = None) -> Path:
     """``model_root``, else ``$TT_MODEL_DATA``, else ``<repo>/model_data``; must be a directory if it exists."""
     if model_root is None:
-        env = os.environ.get(MODEL_ROOT_ENV)
+        env = envs.TT_MODEL_DATA
         model_root = Path(env) if env else DEFAULT_MODEL_ROOT
     root = Path(model_root).expanduser().absolute()
     if root.exists() and not root.is_dir():
@@ -220,6 +234,7 @@ def write_manifest(out_dir: Path, model: KnownModel) -> None:
         "repo_id": model.repo_id,
         "revision": revision(model),
         "recipe_version": RECIPE_VERSION,
+        "transformers_version": transformers_version(),
         "source": source_identity(model),
         "prepared_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": files,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from models.common import envs
 from models.common.fileio import (
     atomic_output,
     file_lock,
@@ -39,9 +40,8 @@ class PrepareError(RuntimeError):
 
 
 def gguf_cache_dir() -> Path:
-    """Where split GGUFs are assembled: ``$TT_GGUF_CACHE``, else ``~/.cache/tt-warm-loaders-gguf``."""
-    env = os.environ.get(GGUF_CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "tt-warm-loaders-gguf"
+    """Where split GGUFs are assembled: ``$TT_GGUF_CACHE``, else ``$XDG_CACHE_HOME/tt-warm-loaders-gguf``."""
+    return envs.TT_GGUF_CACHE
 
 
 def _install_hint(model: KnownModel) -> str:

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A seed or check run as GitHub Actions sees it: a Markdown job summary and step outputs.
+
+When the runner sets ``$GITHUB_STEP_SUMMARY``, the run appends its statistics there (variants
+warm / cold / built / failed, the plan's cache size, bytes written, seconds, and the seconds warm
+hits saved: the cold build time each variant's marker recorded, less the time its check took)
+and one row per variant. When it sets ``$GITHUB_OUTPUT``, the run appends step outputs a later
+step can test, after ``actions/cache``: ``cache-hit`` (``true`` when every variant of the plan
+was warm), ``variants``, ``warm``, ``cold``, ``built``, ``failed``. Outside Actions nothing is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.common import envs
+from models.seeding.report import SeedReport
+
+SUMMARY_HEADER = ("| variants | warm | cold | built | failed | cache size | bytes written | seconds saved |\n"
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+CASES_HEADER = ("| variant | outcome | seconds | cold build seconds | size | reason |\n"
+                "| --- | --- | ---: | ---: | ---: | --- |")
+
+
+def format_bytes(nbytes: int) -> str:
+    """Binary units, one decimal: ``0 B``, ``974.2 KiB``, ``1.4 GiB``."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    value = float(nbytes)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _cell(text: str) -> str:
+    """Text safe inside one Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def verdict(report: SeedReport) -> str:
+    stats = report.statistics()
+    if report.error is not None:
+        return f"error ({report.error_type})"
+    if stats.cache_hit:
+        return "cache hit"
+    return "ok" if report.ok else "FAILED"
+
+
+def step_summary(report: SeedReport) -> str:
+    """The Markdown appended to ``$GITHUB_STEP_SUMMARY`` (ends with a blank line)."""
+    stats = report.statistics()
+    lines = [f"### {report.command}: {verdict(report)}", "",
+             f"Plan `{report.plan}`: {stats.variants} variant(s) in {report.seconds:.2f} s.", ""]
+    if report.error is not None:
+        lines += [f"> **{report.error_type}**: {_cell(report.error)}", ""]
+    lines += [SUMMARY_HEADER,
+              f"| {stats.variants} | {stats.warm} | {stats.cold} | {stats.built} | {stats.failed} | "
+              f"{format_bytes(stats.cache_bytes)} | {format_bytes(stats.bytes_written)} | {stats.seconds_saved:.2f} |", ""]
+    if report.cases:
+        lines.append(CASES_HEADER)
+        for case in report.cases:
+            name = f"`{case.combination.case_name}`"
+            if case.merged:
+                name += " (also " + ", ".join(f"`{c.where}`" for c in case.merged) + ")"
+            built = "-" if case.build_seconds is None else f"{case.build_seconds:.3f}"
+            size = format_bytes(case.cache_bytes) if case.cache_bytes else "-"
+            lines.append(f"| {_cell(name)} | {case.outcome} | {case.seconds:.3f} | {built} | {size} | "
+                         f"{_cell(case.reason)} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def step_outputs(report: SeedReport) -> str:
+    """The ``name=value`` lines appended to ``$GITHUB_OUTPUT``."""
+    stats = report.statistics()
+    hit = stats.cache_hit and report.error is None
+    values = {"cache-hit": "true" if hit else "false", "variants": stats.variants, "warm": stats.warm,
+              "cold": stats.cold, "built": stats.built, "failed": stats.failed}
+    return "".join(f"{name}={value}\n" for name, value in values.items())
+
+
+def append_github_files(report: SeedReport) -> list[Path]:
+    """Append the summary and the outputs to the files GitHub Actions named (if it named them);
+    returns the files written. ``OSError`` when one cannot be written."""
+    written = []
+    for path, text in ((envs.GITHUB_STEP_SUMMARY, step_summary), (envs.GITHUB_OUTPUT, step_outputs)):
+        if path:
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.write(text(report))
+            written.append(Path(path))
+    return written
