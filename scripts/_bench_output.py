@@ -2,7 +2,8 @@
 """Where benchmark results go: a JSON file and a PNG bar chart per run (the README shows the PNGs).
 
 One home for the output of every ``scripts/bench_*.py``: they print their markdown tables, then call
-:func:`write_results` with the same figures. Plots use matplotlib's Agg backend (no display here).
+:func:`write_results` (or :func:`write_json` and :func:`bar_chart` / :func:`figure`) with the same
+figures; no script draws on its own. Plots use matplotlib's Agg backend (no display here).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,39 +34,113 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
     return path
 
 
-def bar_chart(path: Path, groups: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str,
-              log: bool = False, value_format: str | None = None) -> Path:
-    """Grouped bars: one group per key of ``groups`` (e.g. a precision), one bar per inner key
-    (e.g. cold, warm, transformers, cat), each labelled with its value."""
+@dataclass(frozen=True)
+class Panel:
+    """One plot of a figure.
+
+    ``kind``: ``"bars"`` (grouped bars: one group per key of ``data``, one bar per inner key, each
+    labelled with its value), ``"lines"`` (one line per key of ``data``, inner keys the x values:
+    numbers, or strings placed in order) or ``"stacked"`` (one horizontal bar per key of ``data``,
+    its inner keys the stacked parts, left to right). ``hlines``: labelled reference lines (a
+    target, a baseline)."""
+
+    kind: str
+    data: Mapping[str, Mapping[Any, float]]
+    title: str = ""
+    ylabel: str = ""
+    xlabel: str = ""
+    log: bool = False
+    value_format: str | None = None
+    hlines: Mapping[str, float] = field(default_factory=dict)
+    width: float = 1.0  # relative to the figure's other panels
+
+
+def figure(path: Path, panels: Sequence[Panel], *, title: str | None = None) -> Path:
+    """Draw ``panels`` side by side into one PNG (matplotlib's Agg backend: no display here)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = list(dict.fromkeys(name for bars in groups.values() for name in bars))
-    colors = {name: plt.get_cmap("tab10")(index % 10) for index, name in enumerate(series)}
-    width = 0.8 / max(len(bars) for bars in groups.values())
-    total = sum(len(bars) for bars in groups.values())
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.4 * len(groups) + 0.45 * total), 4.2), dpi=110)
-    labelled: set[str] = set()
-    for position, bars in enumerate(groups.values()):
-        for index, (name, value) in enumerate(bars.items()):
-            x = position + (index - (len(bars) - 1) / 2) * width
-            drawn = ax.bar([x], [value], width, color=colors[name], label=None if name in labelled else name)
-            ax.bar_label(drawn, labels=[_label(value, value_format)], fontsize=7, padding=1)
-            labelled.add(name)
-    ax.set_xticks(range(len(groups)), list(groups))
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if log:
-        ax.set_yscale("log")
-    ax.legend(fontsize=8, ncols=min(len(series), 4), loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
-    ax.grid(axis="y", alpha=0.3)
+    widths = [_panel_inches(panel) for panel in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.2), dpi=110, squeeze=False,
+                             gridspec_kw={"width_ratios": [w * p.width for w, p in zip(widths, panels)]})
+    for ax, panel in zip(axes[0], panels):
+        {"bars": _bars, "lines": _lines, "stacked": _stacked}[panel.kind](ax, panel, plt)
+        for index, (name, value) in enumerate(panel.hlines.items()):
+            ax.axhline(value, color=("tab:red", "gray", "black")[index % 3], linestyle=("--", ":", "-.")[index % 3],
+                       linewidth=1, label=name)
+        ax.set_title(panel.title, fontsize=10)
+        if panel.ylabel:
+            ax.set_ylabel(panel.ylabel)
+        if panel.xlabel:
+            ax.set_xlabel(panel.xlabel)
+        if panel.log:
+            ax.set_xscale("log") if panel.kind == "stacked" else ax.set_yscale("log")
+        ax.grid(axis="x" if panel.kind == "stacked" else "y", alpha=0.3)
+        if panel.kind == "bars":
+            ax.legend(fontsize=8, ncols=4, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
+        else:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0) if panel.kind == "stacked" else None)
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def bar_chart(path: Path, groups: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str,
+              log: bool = False, value_format: str | None = None) -> Path:
+    """Grouped bars: one group per key of ``groups`` (e.g. a precision), one bar per inner key
+    (e.g. cold, warm, transformers, cat), each labelled with its value."""
+    return figure(path, [Panel("bars", groups, title=title, ylabel=ylabel, log=log, value_format=value_format)])
+
+
+def _panel_inches(panel: Panel) -> float:
+    if panel.kind != "bars":
+        return 5.5
+    total = sum(len(bars) for bars in panel.data.values())
+    return max(7.0, 2.4 * len(panel.data) + 0.45 * total)
+
+
+def _colors(names: Sequence[str], plt: Any) -> dict[str, Any]:
+    return {name: plt.get_cmap("tab10")(index % 10) for index, name in enumerate(names)}
+
+
+def _bars(ax: Any, panel: Panel, plt: Any) -> None:
+    groups = panel.data
+    colors = _colors(list(dict.fromkeys(name for bars in groups.values() for name in bars)), plt)
+    width = 0.8 / max(len(bars) for bars in groups.values())
+    labelled: set[str] = set()
+    for position, bars in enumerate(groups.values()):
+        for index, (name, value) in enumerate(bars.items()):
+            x = position + (index - (len(bars) - 1) / 2) * width
+            drawn = ax.bar([x], [value], width, color=colors[name], label=None if name in labelled else name)
+            ax.bar_label(drawn, labels=[_label(value, panel.value_format)], fontsize=7, padding=1)
+            labelled.add(name)
+    ax.set_xticks(range(len(groups)), list(groups))
+
+
+def _lines(ax: Any, panel: Panel, plt: Any) -> None:
+    ticks = list(dict.fromkeys(x for points in panel.data.values() for x in points))
+    categorical = any(isinstance(x, str) for x in ticks)
+    for name, points in panel.data.items():
+        xs = [ticks.index(x) if categorical else x for x in points]
+        ax.plot(xs, list(points.values()), marker="o", label=name)
+    if categorical:
+        ax.set_xticks(range(len(ticks)), ticks)
+
+
+def _stacked(ax: Any, panel: Panel, plt: Any) -> None:
+    rows = list(panel.data)
+    colors = _colors(list(dict.fromkeys(part for parts in panel.data.values() for part in parts)), plt)
+    left = [0.0] * len(rows)
+    for part in colors:
+        widths = [max(0.0, panel.data[row].get(part, 0.0)) for row in rows]
+        ax.barh(rows, widths, left=left, color=colors[part], label=part)
+        left = [a + b for a, b in zip(left, widths)]
 
 
 def _label(value: float, value_format: str | None) -> str:

@@ -37,10 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
 from models.common.measure import run_measured  # noqa: E402
+from models.registry import FAMILY_LOADERS as FAMILIES  # noqa: E402  (family name -> "module:Class")
 
 PY = sys.executable
-FAMILIES = {"llama": "models.llama:LlamaLoader", "gemma3": "models.gemma:Gemma3Loader",
-            "qwen3": "models.qwen3:Qwen3Loader", "qwen3_moe": "models.qwen3:Qwen3MoeLoader"}
 
 CASE = r"""
 import mmap, os, sys, time

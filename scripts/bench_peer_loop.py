@@ -114,10 +114,17 @@ def run_case(case: str, model: str, precision: str, workdir: Path) -> dict:
 
 
 def resolve_model(name: str, workdir: Path) -> str:
-    if name == "gemma3-270m":
-        from models.demos.real_models.prepare import prepare_gemma3_270m
+    """A known real model's name (prepared if needed), ``llama-0.6gb`` (made here) or a checkpoint dir."""
+    from models.demos.real_models.known import UnknownModelError, known_model
 
-        return str(prepare_gemma3_270m())
+    try:
+        known_model(name)
+    except UnknownModelError:
+        pass
+    else:
+        from models.demos.real_models.prepare import prepare_model
+
+        return str(prepare_model(name))
     if name == "llama-0.6gb":
         from models.testing.llama_shaped import make_in_child
 

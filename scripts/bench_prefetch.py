@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-from _bench_output import bar_chart  # noqa: E402
+from _bench_output import bar_chart, write_json  # noqa: E402
 
 CHILD = r"""
 import json, mmap, os, sys, time
@@ -149,9 +149,8 @@ def main() -> None:
     print(f"| evicted, prefetch / parallel-read floor | {ratios['evicted prefetch / parallel cat']:.2f}x | <= 1.1x |")
     print(f"| evicted, no prefetch / parallel-read floor | {ratios['evicted no prefetch / parallel cat']:.2f}x | |")
     print(f"| page cache warm, prefetch / no prefetch | {ratios['warm prefetch / warm no prefetch']:.2f}x | ~1.0x (no slowdown) |")
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps({"model": model, "precision": opts.precision, "bytes": size, "samples": samples,
-                                    "medians": medians, "ratios": ratios}, indent=2))
+    write_json(opts.out, {"model": model, "precision": opts.precision, "bytes": size, "samples": samples,
+                          "medians": medians, "ratios": ratios})
     plot(medians, size, opts.out.with_suffix(".png"), f"{Path(model).name} {opts.precision}")
 
 

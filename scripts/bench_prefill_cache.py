@@ -23,7 +23,6 @@ root); the benchmark compares like with like. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _bench_output import Panel, figure, write_json  # noqa: E402
 from loguru import logger  # noqa: E402
 
 from models.common import prefill_cache as pc  # noqa: E402
@@ -161,31 +161,17 @@ def bench_hit_protection(repeats: int) -> dict[str, dict[str, float]]:
 
 
 def write_png(path: Path, report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    med = report["medians_s"]
-    labels = ["first lookup", "later lookup", "store 1 MiB", "write+fsync"]
-    values = [med["first_lookup"], med["later_lookup"], med["store"], med["write_fsync"]]
-    left.bar(labels, [v * 1e3 for v in values], color=["#4477aa", "#66ccee", "#228833", "#bbbbbb"])
-    left.set_yscale("log")
-    left.set_ylabel("ms (median, log scale)")
-    left.set_title("durable tier, 1 MiB object")
-    hits = report["hit_protection"]
-    sizes = list(hits)
-    xs = range(len(sizes))
-    right.plot(xs, [hits[s]["copy_s"] * 1e6 for s in sizes], "o-", label="hit as private copies")
-    right.plot(xs, [hits[s]["view_s"] * 1e6 for s in sizes], "o-", label="hit as read-only views")
-    right.set_xticks(list(xs), sizes)
-    right.set_yscale("log")
-    right.set_ylabel("us per hit (median, log scale)")
-    right.set_title("in-memory tier: protecting a hit")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """The durable tier's costs (ms, log) beside what protecting an in-memory hit costs per size."""
+    med, hits = report["medians_s"], report["hit_protection"]
+    durable = {"first lookup": med["first_lookup"], "later lookup": med["later_lookup"], "store 1 MiB": med["store"],
+               "write+fsync": med["write_fsync"]}
+    figure(path, [
+        Panel("bars", {"1 MiB object": {k: v * 1e3 for k, v in durable.items()}}, title="durable tier, 1 MiB object",
+              ylabel="ms (median, log scale)", log=True),
+        Panel("lines", {"hit as private copies": {size: h["copy_s"] * 1e6 for size, h in hits.items()},
+                        "hit as read-only views": {size: h["view_s"] * 1e6 for size, h in hits.items()}},
+              title="in-memory tier: protecting a hit", ylabel="us per hit (median, log scale)", log=True),
+    ])
 
 
 def mib_per_s(size: int, seconds: float) -> str:
@@ -249,7 +235,7 @@ def main() -> None:
         "peak_rss_mib": peak_rss_mib(),
     }
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     if args.png:
         write_png(args.png, report)
 

@@ -30,14 +30,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+from _bench_output import Panel, figure, write_json  # noqa: E402
+
 from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
 
 MODES = {"cold load()": "load", "stream": "seed", "ray 1": "ray:1", "ray 2": "ray:2"}
 
 
-def run(mode: str, checkpoint: Path, precision: str, cache_root: Path) -> dict:
+def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: bool = False) -> dict:
+    """One way of seeding in a fresh process (``models.testing.seed_child``) into an empty
+    ``cache_root``, checkpoint pages warmed first; its report. ``keep`` leaves the cache built."""
     shutil.rmtree(cache_root, ignore_errors=True)
-    subprocess.run(["cat", str(checkpoint / "model.safetensors")], stdout=subprocess.DEVNULL, check=True)
+    files = sorted(str(f.resolve()) for f in Path(checkpoint).glob("*.safetensors"))
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     proc = subprocess.run([sys.executable, "-m", "models.testing.seed_child", mode, str(checkpoint), precision,
@@ -45,7 +50,8 @@ def run(mode: str, checkpoint: Path, precision: str, cache_root: Path) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    shutil.rmtree(cache_root, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(cache_root, ignore_errors=True)
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
@@ -77,8 +83,7 @@ def main() -> None:
     finally:
         shutil.rmtree(opts.workdir, ignore_errors=True)
     print_tables(rows, opts.precision)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps({"precision": opts.precision, "cores": os.cpu_count(), "rows": rows}, indent=2))
+    write_json(opts.out, {"precision": opts.precision, "cores": os.cpu_count(), "rows": rows})
     plot(rows, opts.out.with_suffix(".png"), opts.precision)
 
 
@@ -103,30 +108,20 @@ def print_tables(rows: list[dict], precision: str) -> None:
 
 
 def plot(rows: list[dict], path: Path, precision: str) -> None:
-    import matplotlib
+    """Peak RSS and throughput against checkpoint size, one line per way of seeding."""
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def series(key: str) -> dict[str, dict[float, float]]:
+        return {mode: {r["checkpoint_mib"] / 1024: r[key] for r in sorted(rows, key=lambda r: r["checkpoint_mib"])
+                       if r["mode"] == mode} for mode in modes}
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["checkpoint_mib"])
-        sizes = [r["checkpoint_mib"] / 1024 for r in mine]
-        left.plot(sizes, [r["peak_mib"] for r in mine], marker="o", label=mode)
-        right.plot(sizes, [r["mib_per_s"] for r in mine], marker="o", label=mode)
     imports = [r["import_peak_mib"] for r in rows]
-    left.axhline(sum(imports) / len(imports), color="gray", linestyle=":", label="after imports")
-    left.set_xlabel("checkpoint GiB")
-    left.set_ylabel("peak RSS MiB (VmHWM)")
-    left.set_title("peak RSS vs checkpoint size")
-    right.set_xlabel("checkpoint GiB")
-    right.set_ylabel("MiB/s of checkpoint (fixed cost excluded)")
-    right.set_title(f"seeding throughput ({precision}, {os.cpu_count()} cores)")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    figure(path, [
+        Panel("lines", series("peak_mib"), title="peak RSS vs checkpoint size", xlabel="checkpoint GiB",
+              ylabel="peak RSS MiB (VmHWM)", hlines={"after imports": sum(imports) / len(imports)}),
+        Panel("lines", series("mib_per_s"), title=f"seeding throughput ({precision}, {os.cpu_count()} cores)",
+              xlabel="checkpoint GiB", ylabel="MiB/s of checkpoint (fixed cost excluded)"),
+    ])
     print(f"wrote {path} and {path.with_suffix('.json')}")
 
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench_output import DEFAULT_OUT_DIR, write_json
+from _bench_output import DEFAULT_OUT_DIR, Panel, figure, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = REPO_ROOT / "scripts" / "offline_inference_tt.py"
@@ -108,27 +108,12 @@ def print_table(results: dict[str, dict[str, float]]) -> None:
 
 
 def plot(results: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    cases = list(results)
-    left = [0.0] * len(cases)
-    parts = ["import", "engine other", "weights", "read-back", "first token"]
-    for part in parts:
-        widths = []
-        for case in cases:
-            row = results[case]
-            widths.append(max(0.0, row["engine"] - row["weights"] - row["read-back"]) if part == "engine other" else row[part])
-        ax.barh(cases, widths, left=left, label=part)
-        left = [a + b for a, b in zip(left, widths)]
-    ax.set_xlabel("seconds (median of fresh processes)")
-    ax.set_title("vLLM offline start-up, Gemma 3 270M")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """Each case's start-up as stacked parts: import, engine, weights, read-back, first token."""
+    parts = {case: {"import": row["import"], "engine other": max(0.0, row["engine"] - row["weights"] - row["read-back"]),
+                    "weights": row["weights"], "read-back": row["read-back"], "first token": row["first token"]}
+             for case, row in results.items()}
+    figure(path, [Panel("stacked", parts, title="vLLM offline start-up, Gemma 3 270M",
+                        xlabel="seconds (median of fresh processes)", width=1.6)])
 
 
 def main() -> int:
@@ -159,7 +144,6 @@ def main() -> int:
     print_table(results)
     report: dict[str, Any] = {"model": str(snapshot), "precision": opts.precision, "rounds": rounds, "medians": results}
     write_json(opts.json, report)
-    opts.png.parent.mkdir(parents=True, exist_ok=True)
     plot(results, opts.png)
     print(f"\nwrote {opts.json} and {opts.png}")
     return 0

@@ -46,6 +46,10 @@ class LazyStateDict(Mapping):
         """Drop the pages of the tensors read so far but ``keep`` (a streaming seed, after each weight)."""
         self._reader.release_read(keep)
 
+    def release_now(self, keep: Iterable[str] = ()) -> None:
+        """Drop them now (a large weight's bytes were just copied into tiles)."""
+        self._reader.release_read_now(keep)
+
     def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Shapes and dtypes of every tensor (as placeholders), with the host weights already
         read for the build (``host``) real: nothing is read again."""
@@ -78,7 +82,10 @@ class WeightSink:
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
         if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
-        converted = self._cache.as_tensor(name, tensor, fmt)
+        release = None
+        if not self.keep and isinstance(self.state, LazyStateDict):  # a streaming seed: memory flat
+            release = lambda: self.state.release_now(keep=self.host)  # noqa: E731 - host weights: the sidecar's
+        converted = self._cache.as_tensor(name, tensor, fmt, release_source=release)
         self.formats[name] = fmt
         if self.keep:
             self.weights[name] = converted

@@ -216,6 +216,12 @@ class CheckpointReader:
         self._keep = set(keep)
         self._release_due = True
 
+    def release_read_now(self, keep: Iterable[str] = ()) -> None:
+        """Release the pages of every tensor read so far but those in ``keep`` at once (their
+        bytes were copied out; a later touch reads them from the file again)."""
+        self._keep = set(keep)
+        self._release_now()
+
     def _release_now(self) -> None:
         for key in self._read:
             if key not in self._keep:

@@ -81,6 +81,17 @@ def existing_dir(text: str) -> Path:
     return path
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a bad one is a usage error, never a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def emit(args: argparse.Namespace, payload: dict[str, Any], lines: Iterable[str]) -> None:
     """Print ``payload`` as JSON with ``--json``, else the human ``lines``."""
     if args.json:
@@ -173,17 +184,23 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from models.tt_cache.scan import scan_root
-    from models.tt_cache.verify import verify_variant
+    from models.tt_cache.verify import verify_variants
 
     root = existing_dir(args.cache_dir)
-    results = [verify_variant(variant) for variant in scan_root(root)]
+    start = time.perf_counter()
+    variants = scan_root(root)
+    results = verify_variants(variants, args.threads) if args.threads else verify_variants(variants)
+    seconds = time.perf_counter() - start
+    total = sum(r.bytes_read for r in results)
     intact = bool(results) and all(r.intact for r in results)
     lines = []
     for result in results:
         lines.append(f"{result.marker_file}: " + ("intact" if result.intact else f"{len(result.problems)} problem(s)")
                      + f" ({result.bytes_read / 2**20:,.1f} MiB in {result.seconds:.2f} s)")
         lines += [f"  {problem}" for problem in result.problems]
-    emit(args, {"path": str(root), "intact": intact, "variants": [r.as_json() for r in results]},
+    emit(args, {"path": str(root), "intact": intact, "bytes": total, "seconds": round(seconds, 4),
+                "mib_per_s": round(total / 2**20 / seconds, 1) if seconds > 0 else None,
+                "variants": [r.as_json() for r in results]},
          lines or [f"{root}: no completion marker under it"])
     return EXIT_OK if intact else EXIT_FAILED
 
@@ -431,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("cache_dir", metavar="DIR")
     verify = _add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
     verify.add_argument("cache_dir", metavar="DIR")
+    verify.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="files hashed at once (default: a few; 1: one file at a time)")
 
     build = _add_command(sub, "build", cmd_build, "build or warm-load one model")
     build.add_argument("model", help="HF id, checkpoint dir or hub snapshot dir")

@@ -1,14 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Deep verification of one variant for ``tt-cache verify``: re-hash, time it, never raise."""
+"""Deep verification for ``tt-cache verify``: re-hash, time it, never raise.
+
+Every recorded file of every variant under the root goes through one bounded pool of hashing
+threads (BLAKE3 releases the GIL): one file at a time left the cores and the disk's queue idle,
+and a root of many small caches verified one variant after another paid each variant's slowest
+file in turn.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.common.weight_cache.gate import verify_weight_cache
+from models.common.weight_cache.gate import VERIFY_THREADS, file_problem
 from models.tt_cache.scan import VariantInfo
 
 
@@ -17,7 +25,7 @@ class VerifyResult:
     marker_file: Path
     problems: tuple[str, ...]
     bytes_read: int
-    seconds: float
+    seconds: float  # from the start of the verification to this variant's last file
 
     @property
     def intact(self) -> bool:
@@ -29,12 +37,27 @@ class VerifyResult:
                 "mib_per_s": round(self.bytes_read / 2**20 / self.seconds, 1) if self.seconds > 0 else None}
 
 
-def verify_variant(variant: VariantInfo) -> VerifyResult:
-    """Re-hash every file the variant's marker records; an invalid marker or unreadable file is a problem."""
+def verify_variants(variants: Sequence[VariantInfo], threads: int = VERIFY_THREADS) -> list[VerifyResult]:
+    """Re-hash every file the variants' markers record, ``threads`` files at once; a variant whose
+    marker is invalid, or whose files are intact but which the gate refuses, has that as its problem."""
     start = time.perf_counter()
-    if variant.marker is None:
-        return VerifyResult(variant.marker_file, (variant.reason,), 0, 0.0)
-    problems = tuple(verify_weight_cache(variant.cache_dir, variant.marker.build_variant))
-    if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
-        problems = (variant.reason,)
-    return VerifyResult(variant.marker_file, problems, variant.size_bytes, time.perf_counter() - start)
+    results = []
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="verify") as pool:
+        jobs: list[tuple[VariantInfo, list[Future]]] = [
+            (variant, [] if variant.marker is None else
+             [pool.submit(file_problem, variant.cache_dir, record) for record in variant.marker.all_files()])
+            for variant in variants]
+        for variant, futures in jobs:
+            if variant.marker is None:
+                results.append(VerifyResult(variant.marker_file, (variant.reason,), 0, 0.0))
+                continue
+            problems = tuple(problem for future in futures if (problem := future.result()))
+            if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
+                problems = (variant.reason,)
+            results.append(VerifyResult(variant.marker_file, problems, variant.size_bytes, time.perf_counter() - start))
+    return results
+
+
+def verify_variant(variant: VariantInfo) -> VerifyResult:
+    """Re-hash every file one variant's marker records (see :func:`verify_variants`)."""
+    return verify_variants([variant])[0]

@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import psutil
 import pytest
 
-from models.testing.llama_shaped import make_llama_shaped
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
-from models.testing.tt_cache import REPO_ROOT, cli_env, error_line, json_out, tt_cache
+from models.testing.tt_cache import cli_env, error_line, json_out, tt_cache
 
 BANNER = "Initial ttnn.CONFIG"
 
@@ -236,26 +230,3 @@ def test_a_bad_plan_still_writes_every_report_asked_for(tmp_path, kind):
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("### tt-cache check: error (bad_input)\n") and f"> **bad_input**: {plan}" in summary
     assert not (tmp_path / "cache").exists()
-
-
-def test_a_cancelled_seed_reports_the_interruption(tmp_path):
-    """SIGTERM mid-seed (CI cancelled the job): exit 130, and the JUnit and JSON reports say so."""
-    big = make_llama_shaped(tmp_path / "llama-1layer", 1)
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(json.dumps({"models": [{"model": str(big), "meshes": ["N150"], "precisions": ["bfloat8_b"]}]}))
-    seed = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(plan),
-                             "--junit", str(tmp_path / "seed.xml"), "--report", str(tmp_path / "seed.json")],
-                            cwd=REPO_ROOT, env=cli_env(tmp_path / "cache"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline, workers = time.monotonic() + 120, []
-    while not workers and time.monotonic() < deadline and seed.poll() is None:
-        workers = [p for p in psutil.Process(seed.pid).children() if "models.seeding.worker" in p.cmdline()]
-        time.sleep(0.1)
-    assert workers, "no seed worker started"
-    seed.send_signal(signal.SIGTERM)
-    _, err = seed.communicate(timeout=60)
-    assert seed.returncode == 130 and "tt-cache seed: interrupted" in err and "Traceback" not in err
-    report = json.loads((tmp_path / "seed.json").read_text())
-    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted", "interrupted", False)
-    (case,) = _suite(tmp_path / "seed.xml").findall("testcase")
-    assert case.find("error").get("type") == "interrupted"

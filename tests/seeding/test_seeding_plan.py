@@ -237,13 +237,16 @@ def test_check_after_the_checkpoint_changed_is_cold(ci, tmp_path):
     assert tt_cache("check", case["cache_dir"], env=env).returncode == 0
 
 
-def test_a_cancelled_seed_leaves_no_worker_behind(tmp_path):
-    """CI cancels a job with SIGTERM: the seed's worker (its own session) must end with it."""
+def test_a_cancelled_seed_leaves_no_worker_behind_and_reports_the_interruption(tmp_path):
+    """CI cancels a job with SIGTERM: the seed's worker (its own session) ends with it, exit 130, and
+    the JUnit and JSON reports say so."""
     big = make_llama_shaped(tmp_path / "llama-1layer", 1)
     plan = tmp_path / "plan.yaml"
     plan.write_text(json.dumps({"models": [{"model": str(big), "meshes": ["N150"], "precisions": ["bfloat8_b"]}]}))
-    seed = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(plan)], cwd=REPO_ROOT,
-                            env=cli_env(tmp_path / "cache"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seed = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(plan),
+                             "--junit", str(tmp_path / "seed.xml"), "--report", str(tmp_path / "seed.json")],
+                            cwd=REPO_ROOT, env=cli_env(tmp_path / "cache"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     deadline, workers = time.monotonic() + 120, []
     while not workers and time.monotonic() < deadline and seed.poll() is None:
         workers = [p for p in psutil.Process(seed.pid).children() if "models.seeding.worker" in p.cmdline()]
@@ -254,3 +257,7 @@ def test_a_cancelled_seed_leaves_no_worker_behind(tmp_path):
     assert seed.returncode == 130 and "tt-cache seed: interrupted" in err and "Traceback" not in err
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"worker {alive} outlived the cancelled seed"
+    report = json.loads((tmp_path / "seed.json").read_text())
+    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted", "interrupted", False)
+    (case,) = ET.parse(tmp_path / "seed.xml").getroot().iter("testcase")
+    assert case.find("error").get("type") == "interrupted"

@@ -83,6 +83,36 @@ def test_verify_names_a_flipped_byte_and_check_names_a_truncation(seeded, tmp_pa
     assert check.returncode == 1 and "is 10 bytes, marker says" in check.stdout and victim.name in check.stdout
 
 
+@pytest.mark.parametrize("threads", [None, "1", "3"])
+def test_verify_of_a_root_names_only_the_damaged_variant(seeded, tmp_path, threads):
+    """Every file of every variant goes through one pool: each problem still lands on its own
+    variant, whatever the number of hashing threads."""
+    env, cache_dir, _ = seeded
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        subprocess.run(["cp", "-a", str(cache_dir), str(root / name)], check=True)
+    victim = sorted((root / "b").rglob("*.tensorbin"))[-1]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    verify = tt_cache("verify", str(root), "--json", *(["--threads", threads] if threads else []), env=env)
+    assert verify.returncode == 1, verify.stderr[-2000:]
+    document = json_out(verify)
+    by_dir = {Path(v["marker"]).parent.relative_to(root).parts[0]: v for v in document["variants"]}
+    assert sorted(by_dir) == ["a", "b", "c"]
+    assert by_dir["a"]["intact"] and by_dir["c"]["intact"]
+    assert not by_dir["b"]["intact"] and len(by_dir["b"]["problems"]) == 1 and victim.name in by_dir["b"]["problems"][0]
+    assert document["bytes"] == sum(v["bytes"] for v in document["variants"]) > 0 and document["mib_per_s"] > 0
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "many"])
+def test_verify_threads_must_be_a_positive_whole_number(seeded, threads):
+    env, cache_dir, _ = seeded
+    out = tt_cache("verify", str(cache_dir), "--threads", threads, env=env)
+    assert out.returncode == 2 and "--threads" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_clean_removes_only_temp_files_no_live_writer_holds(seeded):
     env, cache_dir, _ = seeded
     debris = cache_dir / ".w.tensorbin.tmp.999999999.1.aaaaaaaa.tensorbin"

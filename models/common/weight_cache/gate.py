@@ -223,17 +223,19 @@ def is_forced(force: bool | None, force_env: str | None = DEFAULT_FORCE_ENV) -> 
     return bool(force_env) and os.environ.get(force_env, "").strip() == "1"
 
 
-def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> list[str]:
-    """Deep check: re-hash every recorded file (several at once). One line per file that differs
-    (empty: intact)."""
+def file_problem(cache_dir: str | os.PathLike, record: FileRecord) -> str | None:
+    """Deep check of one recorded file: present with its size, and its bytes hash to its digest."""
+    root = os.fspath(cache_dir)
+    return _stat(root, record, None)[1] or _rehash(root, record)[0]
+
+
+def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None, *,
+                        threads: int = VERIFY_THREADS) -> list[str]:
+    """Deep check: re-hash every recorded file, ``threads`` files at once (hashing releases the
+    GIL). One line per file that differs (empty: intact)."""
     try:
         marker = read_marker(cache_dir, build_variant)
     except WeightCacheError as error:
         return [str(error)]
-    root = os.fspath(cache_dir)
-
-    def problem_of(record: FileRecord) -> str | None:
-        return _stat(root, record, None)[1] or _rehash(root, record)[0]
-
-    with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="verify") as pool:
-        return [problem for problem in pool.map(problem_of, marker.all_files()) if problem]
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="verify") as pool:
+        return [problem for problem in pool.map(lambda r: file_problem(cache_dir, r), marker.all_files()) if problem]

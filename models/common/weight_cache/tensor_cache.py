@@ -72,9 +72,49 @@ def tensorbin_name(name: str, fmt: TensorFormat) -> str:
     return f"{stem}_dtype_{fmt.dtype.name}_layout_{fmt.layout.name}.tensorbin"
 
 
-def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape) -> ttnn.Tensor:
+BLOCK_FLOATS = frozenset({"BFLOAT8_B", "BFLOAT4_B"})
+STAGED_CONVERT_BYTES = 64 << 20  # bf16 weights from this size convert to a block float in two steps
+
+
+def convert_shards(shards: list[torch.Tensor], fmt: TensorFormat, *, staged_from: int | None = None,
+                   release_source: Callable[[], None] | None = None) -> list[ttnn.Tensor]:
+    """``ttnn.from_torch`` of each shard of one weight.
+
+    A large bf16 weight bound for a block float (bfloat8_b, bfloat4_b) goes through bf16 tiles
+    first, then ``ttnn.to_dtype``: the same bytes (bf16 to bf16 tiles is exact), but the direct call
+    holds a float32 copy and, for a strided view, a contiguous one too: about a tensor's size more
+    at its peak, and an LM head's conversion is a streaming seed's peak RSS. Between the two steps
+    ``release_source`` (a streaming seed's) drops the checkpoint pages the shards view: the tiles
+    hold the bytes now; a strided view (a transposed head) is first copied contiguous, so that
+    its pages go before the tiling (figures: docs/scale.md)."""
+    staged_from = STAGED_CONVERT_BYTES if staged_from is None else staged_from
+    staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS
+              and all(s.dtype == torch.bfloat16 for s in shards)
+              and sum(s.numel() * s.element_size() for s in shards) >= staged_from)
+    if not staged:
+        return [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+    pending = list(shards)
+    if release_source is not None and not all(s.is_contiguous() for s in pending):
+        # tiling a strided view makes a contiguous copy inside ttnn while the source pages stay:
+        # make it here, so they can go first
+        pending = [s.contiguous() for s in pending]
+        release_source()
+        release_source = None
+    tiles = []
+    while pending:  # each copy goes as soon as its tiles exist
+        tiles.append(ttnn.from_torch(pending.pop(0), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT))
+    if release_source is not None:
+        release_source()
+    converted = []
+    while tiles:  # each shard's bf16 tiles go as soon as its block floats exist
+        converted.append(ttnn.to_dtype(tiles.pop(0), fmt.dtype))
+    return converted
+
+
+def to_host_ttnn(shards: list[torch.Tensor], fmt: TensorFormat, mesh: MeshShape, *,
+                 release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
     """Convert on host: one ttnn tensor per device shard, joined for the mesh."""
-    converted = [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+    converted = convert_shards(shards, fmt, release_source=release_source)
     if len(converted) == 1:
         return converted[0]
     return ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
@@ -169,7 +209,10 @@ class TensorCache:
         writes = rebuild and cache_dir is not None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if writes else None
 
-    def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
+    def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat, *,
+                  release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
+        """The cached weight (warm), or ``tensor`` converted and queued to be written (cold).
+        ``release_source``: see :func:`convert_shards`."""
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
@@ -184,9 +227,15 @@ class TensorCache:
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
             # TILE conversions read strided views themselves: no torch copy of a transposed weight
             # first: faster, and the files are bit-identical (figures: docs/weight-cache.md)
+            if self.max_pending_bytes is not None:
+                # before converting, too: a large weight still waiting for the writer and the next
+                # one's conversion (source, tiles, block floats) would add up to a seed's peak
+                start = time.perf_counter()
+                self._drain(self.max_pending_bytes)
+                self.wait_seconds += time.perf_counter() - start
             shards = shard(tensor, fmt.placement, self.mesh, copy=fmt.layout != ttnn.TILE_LAYOUT)
             start = time.perf_counter()
-            result = to_host_ttnn(shards, fmt, self.mesh)
+            result = to_host_ttnn(shards, fmt, self.mesh, release_source=release_source)
             self.convert_seconds += time.perf_counter() - start
             if self._writer is None:  # converting only
                 return self._to_device(result)
@@ -199,6 +248,11 @@ class TensorCache:
                     self._collect(*self._pending.pop(0)[:2])
                 self.wait_seconds += time.perf_counter() - start
         return self._to_device(result)
+
+    def _drain(self, budget: int) -> None:
+        """Wait for the oldest writes until at most ``budget`` bytes of converted weights wait."""
+        while self._pending and sum(p[2] for p in self._pending) > budget:
+            self._collect(*self._pending.pop(0)[:2])
 
     def _to_device(self, result: ttnn.Tensor) -> ttnn.Tensor:
         if self.mesh_device is not None:

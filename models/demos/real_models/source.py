@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A cold build's conversion of one shard: the staged path for large block-float weights writes
+the very bytes ``ttnn.from_torch`` writes, for every shape and view a family hands it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import ttnn
+
+from models.common.mesh import Placement
+from models.common.weight_cache.tensor_cache import TensorFormat, convert_shards
+
+
+def _bytes(tensor: ttnn.Tensor, path) -> bytes:
+    ttnn.dump_tensor(path, tensor)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
+@pytest.mark.parametrize("shape, view", [((256, 96), "plain"), ((96, 256), "transposed"), ((333, 70), "transposed"),
+                                         ((1000, 45), "plain"), ((2, 40, 72), "plain")])
+def test_staged_block_float_conversion_writes_the_same_bytes(tmp_path, dtype, shape, view):
+    generator = torch.Generator().manual_seed(sum(shape))
+    weight = (torch.randn(*shape, generator=generator) * 0.05).to(torch.bfloat16)
+    weight[0, ..., 0] = 3e4  # one large value per block row: shared exponents differ across blocks
+    if view == "transposed":
+        weight = weight.transpose(-2, -1)
+    fmt = TensorFormat(getattr(ttnn, dtype), ttnn.TILE_LAYOUT, Placement())
+    direct = ttnn.from_torch(weight, dtype=fmt.dtype, layout=fmt.layout)
+    released = []
+    (staged,) = convert_shards([weight], fmt, staged_from=0, release_source=lambda: released.append(True))
+    assert staged.dtype == direct.dtype and staged.layout == direct.layout
+    assert tuple(staged.shape) == tuple(direct.shape) == tuple(weight.shape)
+    assert _bytes(staged, tmp_path / "staged.tensorbin") == _bytes(direct, tmp_path / "direct.tensorbin")
+    assert released == [True]  # once, between the two steps
+
+
+def test_only_bf16_weights_bound_for_a_block_float_are_staged(tmp_path):
+    """A float32 weight is rounded once, straight to the block float (through bf16 it could round
+    twice); bf16 and row-major targets are plain conversions already."""
+    weight32 = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) * 0.05
+    for tensor, fmt in ((weight32, TensorFormat(ttnn.bfloat8_b, ttnn.TILE_LAYOUT, Placement())),
+                        (weight32.to(torch.bfloat16), TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, Placement())),
+                        (weight32.to(torch.bfloat16), TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, Placement()))):
+        direct = ttnn.from_torch(tensor, dtype=fmt.dtype, layout=fmt.layout)
+        released = []
+        (converted,) = convert_shards([tensor], fmt, staged_from=0, release_source=lambda: released.append(True))
+        assert not released
+        assert _bytes(converted, tmp_path / "a.tensorbin") == _bytes(direct, tmp_path / "b.tensorbin")
+
+
+def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_builds_files(tmp_path, monkeypatch):
+    """Staging every weight (threshold 0) makes a streaming seed drop the checkpoint pages of all
+    it has read after each weight's first step, a weight read but not yet put (MLP up beside gate)
+    included: its put reads the bytes from the file again, and the cache is the direct build's."""
+    import models.common.weight_cache.tensor_cache as tensor_cache
+    from models.common.conversion import LazyStateDict
+    from models.llama import LlamaLoader
+    from models.testing.seed_child import assert_same_cache
+    from models.testing.tiny_models import make_checkpoint
+
+    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+    direct = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape="1x2", cache_root=tmp_path / "direct")
+    assert not direct.load().warm
+    released = []
+    original = LazyStateDict.release_now
+    monkeypatch.setattr(LazyStateDict, "release_now", lambda self, keep=(): (released.append(1), original(self, keep)))
+    monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 0)
+    staged = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape="1x2", cache_root=tmp_path / "staged")
+    result = staged.seed()
+    assert result.complete and not result.warm and len(released) > 10
+    assert_same_cache(direct.cache_dir, staged.cache_dir, direct.build_variant)
