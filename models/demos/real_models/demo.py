@@ -53,8 +53,11 @@ def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> 
     """One load in this process; returns its numbers (run in a child for a clean peak RSS)."""
     from models.common.weight_cache import cache_bytes
 
+    from models.registry import loader_class
+
+    loader_type = loader_class(model.family)  # imports the family, torch and ttnn: not the build's time
     start = time.perf_counter()
-    loaded = make_loader(model, snapshot, precision, mesh).load()
+    loaded = loader_type(str(snapshot), precision=precision, mesh_shape=mesh).load()
     seconds = time.perf_counter() - start
     return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir),
             "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights)}
