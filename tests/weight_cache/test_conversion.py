@@ -50,7 +50,22 @@ def test_only_bf16_weights_bound_for_a_block_float_are_staged(tmp_path):
         assert _bytes(converted, tmp_path / "a.tensorbin") == _bytes(direct, tmp_path / "b.tensorbin")
 
 
-def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_builds_files(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat8_b"])
+def test_a_large_strided_weight_is_copied_and_its_source_released_before_tiling(tmp_path, dtype):
+    """A transposed weight (an LM head) is made contiguous and its checkpoint pages released before
+    ttnn tiles it, for bf16 targets as for block floats: the same bytes as the direct conversion."""
+    weight = (torch.randn(96, 160, generator=torch.Generator().manual_seed(7)) * 0.05).to(torch.bfloat16).T
+    fmt = TensorFormat(getattr(ttnn, dtype), ttnn.TILE_LAYOUT, Placement())
+    direct = ttnn.from_torch(weight, dtype=fmt.dtype, layout=fmt.layout)
+    released = []
+    (converted,) = convert_shards([weight], fmt, staged_from=0, release_source=lambda: released.append(True))
+    assert released == [True]
+    assert _bytes(converted, tmp_path / "a.tensorbin") == _bytes(direct, tmp_path / "b.tensorbin")
+
+
+@pytest.mark.parametrize("precision", ["bfloat8_b", "bfloat16"])
+def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_builds_files(tmp_path, monkeypatch,
+                                                                                            precision):
     """Staging every weight (threshold 0) makes a streaming seed drop the checkpoint pages of all
     it has read after each weight's first step, a weight read but not yet put (MLP up beside gate)
     included: its put reads the bytes from the file again, and the cache is the direct build's."""
@@ -61,13 +76,13 @@ def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_
     from models.testing.tiny_models import make_checkpoint
 
     checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
-    direct = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape="1x2", cache_root=tmp_path / "direct")
+    direct = LlamaLoader(checkpoint, precision=precision, mesh_shape="1x2", cache_root=tmp_path / "direct")
     assert not direct.load().warm
     released = []
     original = LazyStateDict.release_now
     monkeypatch.setattr(LazyStateDict, "release_now", lambda self, keep=(): (released.append(1), original(self, keep)))
     monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 0)
-    staged = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape="1x2", cache_root=tmp_path / "staged")
+    staged = LlamaLoader(checkpoint, precision=precision, mesh_shape="1x2", cache_root=tmp_path / "staged")
     result = staged.seed()
     assert result.complete and not result.warm and len(released) > 10
     assert_same_cache(direct.cache_dir, staged.cache_dir, direct.build_variant)

@@ -88,18 +88,22 @@ def convert_shards(shards: list[torch.Tensor], fmt: TensorFormat, *, staged_from
     hold the bytes now; a strided view (a transposed head) is first copied contiguous, so that
     its pages go before the tiling (figures: docs/scale.md)."""
     staged_from = STAGED_CONVERT_BYTES if staged_from is None else staged_from
+    large = sum(s.numel() * s.element_size() for s in shards) >= staged_from
     staged = (fmt.layout == ttnn.TILE_LAYOUT and fmt.dtype.name in BLOCK_FLOATS
-              and all(s.dtype == torch.bfloat16 for s in shards)
-              and sum(s.numel() * s.element_size() for s in shards) >= staged_from)
-    if not staged:
-        return [ttnn.from_torch(s, dtype=fmt.dtype, layout=fmt.layout) for s in shards]
+              and all(s.dtype == torch.bfloat16 for s in shards) and large)
     pending = list(shards)
-    if release_source is not None and not all(s.is_contiguous() for s in pending):
-        # tiling a strided view makes a contiguous copy inside ttnn while the source pages stay:
-        # make it here, so they can go first
+    if (release_source is not None and large and fmt.layout == ttnn.TILE_LAYOUT
+            and not all(s.is_contiguous() for s in pending)):
+        # tiling a strided view (a transposed head) makes a contiguous copy inside ttnn while the
+        # source pages stay: make it here, so they can go first (bf16 targets too)
         pending = [s.contiguous() for s in pending]
         release_source()
         release_source = None
+    if not staged:
+        converted = []
+        while pending:  # each copy goes as soon as its conversion exists
+            converted.append(ttnn.from_torch(pending.pop(0), dtype=fmt.dtype, layout=fmt.layout))
+        return converted
     tiles = []
     while pending:  # each copy goes as soon as its tiles exist
         tiles.append(ttnn.from_torch(pending.pop(0), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT))
