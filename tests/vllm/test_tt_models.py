@@ -125,3 +125,13 @@ def test_offline_example_refuses_bad_prompts_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"offline_inference_tt: --prompts_json {bad}: expected a non-empty JSON list of prompts"
+
+
+def test_offline_example_refuses_token_prompts_for_chat_in_one_line(tmp_path):
+    """``--chat`` renders a chat template, which needs text: token-id prompts are bad usage."""
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('[{"prompt_token_ids": [1, 2, 3]}]')
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "offline_inference_tt.py"), "--chat",
+                           "--prompts_json", str(prompts)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "offline_inference_tt: --chat takes text prompts only (a chat template renders text)"
