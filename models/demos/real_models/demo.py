@@ -26,7 +26,12 @@ from pathlib import Path
 
 from models.common.device_env import ensure_host_cluster
 from models.common.measure import MeasureError, report, run_measured
-from models.demos.real_models.known import DEFAULT_MODEL, KNOWN_MODELS, KnownModel, known_model
+from models.demos.real_models.known import (
+    DEFAULT_MODEL,
+    KNOWN_MODELS,
+    KnownModel,
+    known_model,
+)
 
 ensure_host_cluster()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,12 +57,11 @@ def make_loader(model: KnownModel, snapshot: Path | str, precision: str, mesh: s
 def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> dict:
     """One load in this process; returns its numbers (run in a child for a clean peak RSS)."""
     from models.common.weight_cache import cache_bytes
-
     from models.registry import loader_class
 
-    loader_type = loader_class(model.family)  # imports the family, torch and ttnn: not the build's time
+    loader_class(model.family)  # imports the family, torch and ttnn first: they are not the build's time
     start = time.perf_counter()
-    loaded = loader_type(str(snapshot), precision=precision, mesh_shape=mesh).load()
+    loaded = make_loader(model, snapshot, precision, mesh).load()
     seconds = time.perf_counter() - start
     return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir),
             "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights)}
