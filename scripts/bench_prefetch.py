@@ -38,7 +38,8 @@ from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import family_of, loader_class
 from models.common.checkpoint import read_config, resolve_checkpoint_dir
-model, precision, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model, precision = sys.argv[1], sys.argv[2]
+threads = None if sys.argv[3] == "default" else int(sys.argv[3])
 cls = loader_class(family_of(read_config(resolve_checkpoint_dir(model))))
 print("READY", flush=True)
 sys.stdin.readline()
@@ -70,8 +71,10 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def warm_read(model: str, precision: str, threads: int, evict: bool, env: dict) -> dict:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, model, precision, str(threads)], env=env, cwd=REPO,
+def warm_read(model: str, precision: str, threads: int | None, evict: bool, env: dict) -> dict:
+    """A warm load then every byte read, in a fresh process; ``threads``: prefetch threads (None:
+    the loader's default, 0: off)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, model, precision, "default" if threads is None else str(threads)], env=env, cwd=REPO,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     while (line := proc.stdout.readline()) and not line.startswith("READY"):
         pass
@@ -101,7 +104,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--precision", default="bfloat8_b")
-    parser.add_argument("--threads", type=int, default=4, help="prefetch threads (and parallel cat processes)")
+    parser.add_argument("--threads", type=int, default=None, help="prefetch threads (default: the loader's)")
+    parser.add_argument("--readers", type=int, default=4, help="parallel cat processes: the parallel-read floor")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cache-root", type=Path, default=Path("/tmp/tt-bench-prefetch"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_prefetch.json")
@@ -124,13 +128,13 @@ def main() -> None:
     files = warm_read(model, opts.precision, 0, False, env)["files"]
     size = sum(os.stat(f).st_size for f in files)
     print(f"{model} {opts.precision}: {len(files)} files, {size / 2**20:.0f} MiB, {opts.repeat} rounds, "
-          f"{opts.threads} prefetch threads, {os.cpu_count()} cores")
+          f"{opts.threads or 'default'} prefetch threads, {opts.readers} readers, {os.cpu_count()} cores")
     samples: dict[str, list[float]] = {}
     for _ in range(opts.repeat):
         for evict in (False, True):
             where = "evicted" if evict else "warm"
             samples.setdefault(f"cat/{where}", []).append(cat(files, 1, evict))
-            samples.setdefault(f"parallel cat/{where}", []).append(cat(files, opts.threads, evict))
+            samples.setdefault(f"parallel cat/{where}", []).append(cat(files, opts.readers, evict))
             samples.setdefault(f"load+read, no prefetch/{where}", []).append(
                 warm_read(model, opts.precision, 0, evict, env)["total"])
             samples.setdefault(f"load+read, prefetch/{where}", []).append(

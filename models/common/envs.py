@@ -56,7 +56,7 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
         "1: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
     "TT_PREFETCH_THREADS": EnvVar(
-        _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 0: off)"),
+        _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 4; 0: off)"),
     "TT_USER_STATE": EnvVar(
         lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
         "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),

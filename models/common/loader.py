@@ -159,7 +159,7 @@ class WeightLoader(ABC):
         """``force``: build cold even when the cache is warm (default: ``$TT_TRANSFORMERS_FORCE_MODEL_LOAD``,
         read from ``force_env``). ``cache_dir``: this exact directory instead of one under
         ``cache_root`` (still checked to be this checkpoint's). ``prefetch``: threads reading a warm
-        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 0: off)."""
+        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
@@ -297,16 +297,16 @@ class WeightLoader(ABC):
 
     def _load_warm(self, args: ModelArgs, status: CacheStatus, start: float) -> LoadedModel:
         marker = status.marker
+        prefetcher = None
+        if self.prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
+            prefetcher = Prefetcher(self.prefetch)
+            prefetcher.add(self.cache_dir / record.path for record in marker.all_files())
         state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
         recorded = {build_relative(path, marker.generation): stamp for path, stamp in status.verified_stamps().items()}
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
-        prefetcher = Prefetcher(self.prefetch) if self.prefetch else None
-        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded,
-                            prefetch=prefetcher)
+        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
         sink = WeightSink(cache, state, state.host_keys())
         self.convert(sink, args)
-        if prefetcher is not None and marker.host_sidecar is not None:
-            prefetcher.add([self.cache_dir / marker.host_sidecar.path])
         touch_last_used(self.paths)
         if self.content_id is not None and marker.model_id != self.model_id:
             add_model_id(self.paths, self.model_id)  # the same weights under another name: findable cache-only

@@ -3,23 +3,30 @@
 
 ``ttnn.load_tensor`` maps a tensorbin lazily, so a warm build returns in milliseconds and the
 bytes are read later, when the tensors are used (uploaded to a device, or read on host). On a
-page cache that is cold (a fresh node, a shared mount, after ``drop_caches``) those reads fault
-in one page range at a time, in the consumer's order, on one thread: far below what the disk
-gives to several readers at once. The prefetcher hands the disk that parallelism: a few daemon
-threads take the files in the order the loader asked for them, chunk by chunk, and queue each
-chunk's reads with ``posix_fadvise(WILLNEED)`` (readahead into the page cache, no copy to user
-space), so the disk always has the next few chunks in flight, in the consumer's order. The
-consumer then finds its pages resident or already being read.
+page cache that is cold (a fresh node, a shared mount, after ``drop_caches``) those reads are
+page faults, one read-around window at a time, in the consumer's order, on one thread: on this
+machine a mapped copy of a 2 GiB cache takes 1.4x as long as ``cat`` of the same files.
 
-It is **off by default** (``prefetch=4`` or ``TT_PREFETCH_THREADS=4`` turns it on): measured
-side by side (``scripts/bench_prefetch.py``, figures in docs/weight-cache.md), the kernel's own
-readahead already serves a sequential consumer nearly as well on an evicted cache, and on a warm
-page cache the threads slow the consumer down (each chunk's ``open``/``fadvise`` takes the GIL).
+The prefetcher reads the variant's files into the page cache ahead of the consumer, in the order
+the marker records them (the order the loader maps them, the host sidecar last), on a few daemon
+threads. Each piece is a ``sendfile`` to ``/dev/null``: the kernel's own sequential readahead
+fills the page cache and nothing is copied to user space, one system call per 64 MiB with the
+GIL released (``posix_fadvise(WILLNEED)`` reads at most one readahead window per call, which is
+why the first prefetcher, built on it, gained nothing). A piece whose first and last pages are
+already cached (an ``RWF_NOWAIT`` read of one page each) is skipped, so a warm page cache costs
+two probes per piece. Measured side by side (``scripts/bench_prefetch.py``, docs/seeding.md).
+
+On by default with ``DEFAULT_THREADS``; ``prefetch=0`` or ``TT_PREFETCH_THREADS=0`` turns it off.
+Only regular files are read, and no symlink is followed.
+A file that cannot be read is skipped: prefetching is only ever an optimisation, the loader
+reports real read errors itself.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -28,27 +35,80 @@ from loguru import logger
 
 from models.common import envs
 
-DEFAULT_THREADS = 0  # off unless asked for: see the measurements in the module doc
-CHUNK_BYTES = 8 << 20
+DEFAULT_THREADS = 4  # as many streams as the parallel-read floor's readers (docs/seeding.md)
+PIECE_BYTES = 64 << 20
+HEAD_BYTES = 256 << 10  # more than a tensorbin's header and the first pages a mapping touches
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_NO_SENDFILE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 def prefetch_threads(requested: int | None) -> int:
-    """Threads to prefetch with: ``requested``, else ``$TT_PREFETCH_THREADS``, else 0 (off)."""
+    """Threads to prefetch with: ``requested``, else ``$TT_PREFETCH_THREADS``, else ``DEFAULT_THREADS``."""
     if requested is None:
-        text = envs.TT_PREFETCH_THREADS
-        requested = int(text) if text.strip().isdigit() else DEFAULT_THREADS
+        text = envs.TT_PREFETCH_THREADS.strip()
+        requested = int(text) if text.isdigit() else DEFAULT_THREADS
     if requested < 0:
         raise ValueError(f"prefetch threads must be >= 0, got {requested}")
     return requested
 
 
-def read_ahead(path: str, offset: int, length: int) -> None:
-    """Ask the kernel to read ``length`` bytes of ``path`` at ``offset`` into the page cache
-    (``POSIX_FADV_WILLNEED``: the reads are queued at once and run asynchronously; pages already
-    cached are skipped by a lookup, with no copy and no page-table work)."""
-    fd = os.open(path, os.O_RDONLY)
+def is_cached(fd: int, offset: int, length: int) -> bool:
+    """Whether the first and last page of the range are in the page cache: a one-page
+    ``RWF_NOWAIT`` read each, which fails with EAGAIN instead of starting a read."""
+    page = bytearray(1)
     try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        for position in {offset, offset + length - 1}:
+            os.preadv(fd, [page], position - position % _PAGE, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:  # RWF_NOWAIT unsupported here: read it
+        return False
+    return True
+
+
+def _open_regular(path: str) -> int:
+    """An fd of ``path`` if it is a regular file: no symlink followed, and never a FIFO or a
+    device a swapped-in name could block or stream on (the loader reports such a file itself)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def read_head(path: str) -> int:
+    """Queue the read of ``path``'s first ``HEAD_BYTES`` (``posix_fadvise(WILLNEED)`` returns once
+    the reads are queued) and return its size. Mapping a tensorbin reads its head at once; with
+    every head in flight together, the loader's mapping never waits behind the pieces the
+    threads read, nor starts a read-around window of its own for each file."""
+    fd = _open_regular(path)
+    try:
+        os.posix_fadvise(fd, 0, HEAD_BYTES, os.POSIX_FADV_WILLNEED)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def read_ahead(path: str, offset: int, length: int, sink: int) -> None:
+    """Read ``length`` bytes of ``path`` at ``offset`` into the page cache without copying them
+    to user space (``sendfile`` to ``sink``, an open ``/dev/null``); a file system that cannot
+    splice gets ``posix_fadvise(WILLNEED)``, one readahead window per call."""
+    fd = _open_regular(path)
+    try:
+        if is_cached(fd, offset, length):
+            return
+        end = offset + length
+        while offset < end:
+            try:
+                sent = os.sendfile(sink, fd, offset, end - offset)
+            except OSError as error:
+                if error.errno not in _NO_SENDFILE:
+                    raise
+                os.posix_fadvise(fd, offset, end - offset, os.POSIX_FADV_WILLNEED)
+                return
+            if sent == 0:  # the file got shorter: nothing left to read
+                return
+            offset += sent
     finally:
         os.close(fd)
 
@@ -56,62 +116,64 @@ def read_ahead(path: str, offset: int, length: int) -> None:
 class Prefetcher:
     """Reads files into the page cache on ``threads`` daemon threads, in the order they are added.
 
-    ``add`` queues a file (its chunks are issued in order, by whichever thread is free); ``wait``
-    blocks until every chunk added so far was issued (the reads themselves finish in the
-    background; a loader never waits).
-    A file that cannot be read is skipped: prefetching is only ever an optimisation, the loader
-    reports real read errors itself."""
+    ``add`` queues files, split into pieces taken in order by whichever thread is free; ``wait``
+    blocks until every piece added so far was read."""
 
-    def __init__(self, threads: int = DEFAULT_THREADS, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, threads: int = DEFAULT_THREADS, piece_bytes: int = PIECE_BYTES) -> None:
         self.threads = max(1, threads)
-        self.chunk_bytes = chunk_bytes
+        self.piece_bytes = piece_bytes
         self._queue: deque[tuple[str, int, int]] = deque()
         self._ready = threading.Condition()
         self._outstanding = 0
         self._workers: list[threading.Thread] = []
-        self.bytes_read = 0
+        self.bytes_read = 0  # bytes of the pieces done (read now or found cached)
         self.errors: list[str] = []
 
     def add(self, paths: Iterable[str | os.PathLike]) -> None:
-        chunks = []
+        """Queue ``paths``; first, on the calling thread, ask for every file's head at once."""
+        pieces = []
         for path in paths:
+            path = os.fspath(path)
             try:
-                size = os.stat(path).st_size
+                size = read_head(path)
             except OSError as error:
                 self.errors.append(str(error))
                 continue
-            path = os.fspath(path)
-            chunks += [(path, offset, min(self.chunk_bytes, size - offset)) for offset in range(0, size, self.chunk_bytes)]
+            pieces += [(path, offset, min(self.piece_bytes, size - offset)) for offset in range(0, size, self.piece_bytes)]
         with self._ready:
-            self._queue.extend(chunks)
-            self._outstanding += len(chunks)
+            self._queue.extend(pieces)
+            self._outstanding += len(pieces)
             while len(self._workers) < min(self.threads, len(self._queue)):
                 worker = threading.Thread(target=self._run, name="tt-prefetch", daemon=True)
                 self._workers.append(worker)
                 worker.start()
 
     def _run(self) -> None:
-        """Read chunks until the queue is empty, then end (``add`` starts threads again)."""
-        while True:
-            with self._ready:
-                if not self._queue:
-                    self._workers.remove(threading.current_thread())
-                    return
-                path, offset, length = self._queue.popleft()
-            try:
-                read_ahead(path, offset, length)
-            except (OSError, ValueError) as error:
-                self.errors.append(f"{path}: {error}")
-                length = 0
-            with self._ready:
-                self.bytes_read += length
-                self._outstanding -= 1
-                self._ready.notify_all()
+        """Read pieces until the queue is empty, then end (``add`` starts threads again)."""
+        sink = os.open(os.devnull, os.O_WRONLY)
+        try:
+            while True:
+                with self._ready:
+                    if not self._queue:
+                        self._workers.remove(threading.current_thread())
+                        return
+                    path, offset, length = self._queue.popleft()
+                try:
+                    read_ahead(path, offset, length, sink)
+                except OSError as error:
+                    self.errors.append(f"{path}: {error}")
+                    length = 0
+                with self._ready:
+                    self.bytes_read += length
+                    self._outstanding -= 1
+                    self._ready.notify_all()
+        finally:
+            os.close(sink)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every chunk added so far was issued; False on timeout."""
+        """Block until every piece added so far was read; False on timeout."""
         with self._ready:
             done = self._ready.wait_for(lambda: self._outstanding == 0, timeout)
         if self.errors:
-            logger.debug(f"prefetch skipped {len(self.errors)} chunk(s): {self.errors[0]}")
+            logger.debug(f"prefetch skipped {len(self.errors)} piece(s): {self.errors[0]}")
         return done

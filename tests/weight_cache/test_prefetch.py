@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Prefetching warm starts: real page-cache eviction (``POSIX_FADV_DONTNEED`` per file), real
-residency probes (``RWF_NOWAIT`` reads fail with EAGAIN when a page is not cached)."""
+residency (``mincore``), real FIFOs and symlinks, the process's own read counters."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import ttnn
 
 from models.common.weight_cache.marker import read_marker
-from models.common.prefetch import Prefetcher, prefetch_threads
+from models.common.prefetch import DEFAULT_THREADS, Prefetcher, prefetch_threads
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import loader_class
 from models.testing.tiny_models import make_checkpoint
@@ -108,9 +108,6 @@ def test_prefetching_warm_load_reads_the_files_ahead_and_returns_bit_identical_t
     loaded = cls(checkpoint, cache_root=cache_root, prefetch=2).load()
     assert loaded.warm and loaded.prefetch is not None
     assert loaded.prefetch.wait(timeout=30) and not loaded.prefetch.errors
-    deadline = time.monotonic() + 20  # WILLNEED reads complete in the background
-    while not all(fully_cached(p) for p in files) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert all(fully_cached(p) for p in files), "prefetch left parts of files unread"
     marker = read_marker(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant)
     assert loaded.prefetch.bytes_read == sum(record.bytes for record in marker.all_files())
@@ -149,14 +146,14 @@ def test_prefetch_follows_the_loaders_order(seeded):
 def test_prefetcher_skips_files_it_cannot_read_and_never_raises(tmp_path):
     real = tmp_path / "real.bin"
     real.write_bytes(os.urandom(3 << 20))
-    prefetcher = Prefetcher(threads=2, chunk_bytes=1 << 20)
+    prefetcher = Prefetcher(threads=2, piece_bytes=1 << 20)
     prefetcher.add([tmp_path / "missing.bin", real])
     assert prefetcher.wait(timeout=10)
     assert prefetcher.bytes_read == 3 << 20
     assert len(prefetcher.errors) == 1 and "missing.bin" in prefetcher.errors[0]
     vanishing = tmp_path / "vanishing.bin"
     vanishing.write_bytes(b"x" * (2 << 20))
-    slow = Prefetcher(threads=1, chunk_bytes=1 << 20)
+    slow = Prefetcher(threads=1, piece_bytes=1 << 20)
     slow._queue.append((os.fspath(vanishing), 0, 1 << 20))  # queued, then deleted before it is read
     vanishing.unlink()
     slow._outstanding += 1
@@ -166,8 +163,54 @@ def test_prefetcher_skips_files_it_cannot_read_and_never_raises(tmp_path):
 
 def test_prefetch_threads_option_and_environment(monkeypatch):
     monkeypatch.delenv("TT_PREFETCH_THREADS", raising=False)
-    assert prefetch_threads(None) == 0 and prefetch_threads(0) == 0 and prefetch_threads(2) == 2
-    monkeypatch.setenv("TT_PREFETCH_THREADS", "4")
-    assert prefetch_threads(None) == 4
+    assert prefetch_threads(None) == DEFAULT_THREADS > 0 and prefetch_threads(0) == 0 and prefetch_threads(2) == 2
+    monkeypatch.setenv("TT_PREFETCH_THREADS", "3")
+    assert prefetch_threads(None) == 3
+    monkeypatch.setenv("TT_PREFETCH_THREADS", "0")
+    assert prefetch_threads(None) == 0
     with pytest.raises(ValueError, match=">= 0"):
         prefetch_threads(-1)
+
+
+def characters_read() -> int:
+    """Bytes this process has read through system calls (``rchar``: ``sendfile`` counts too)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_prefetch_reads_nothing_of_files_already_cached_and_all_of_evicted_ones(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(24 << 20))
+    path.read_bytes()  # every page cached
+    before = characters_read()
+    prefetcher = Prefetcher(threads=2, piece_bytes=4 << 20)
+    prefetcher.add([path])
+    assert prefetcher.wait(timeout=30) and not prefetcher.errors
+    assert characters_read() - before < 1 << 20, "a cached file was read again"
+    assert prefetcher.bytes_read == 24 << 20
+
+    evict(path)
+    if not mostly_uncached(path):
+        pytest.skip("this file system keeps pages after POSIX_FADV_DONTNEED (tmpfs?): cannot evict here")
+    before = characters_read()
+    prefetcher.add([path])
+    assert prefetcher.wait(timeout=30) and not prefetcher.errors
+    assert fully_cached(path)
+    assert characters_read() - before >= 12 << 20  # the pieces the head request did not cover
+
+
+def test_prefetch_never_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"o" * (1 << 20))
+    (tmp_path / "link.tensorbin").symlink_to(outside)
+    os.mkfifo(tmp_path / "fifo.tensorbin")  # opening it for reading would block until a writer came
+    real = tmp_path / "real.tensorbin"
+    real.write_bytes(b"r" * (2 << 20))
+    prefetcher = Prefetcher(threads=2, piece_bytes=1 << 20)
+    prefetcher.add([tmp_path / "link.tensorbin", tmp_path / "fifo.tensorbin", real])
+    assert prefetcher.wait(timeout=10), "prefetch blocked"
+    assert prefetcher.bytes_read == 2 << 20
+    assert len(prefetcher.errors) == 2
+    assert any("fifo.tensorbin" in e for e in prefetcher.errors) and any("link.tensorbin" in e for e in prefetcher.errors)

@@ -34,7 +34,6 @@ from loguru import logger
 from models.common.fileio import atomic_output, fsync_dir, fsync_file
 from models.common.mesh import MeshShape, Placement, shard_shape
 from models.common.sharding import shard
-from models.common.prefetch import Prefetcher
 from models.common.weight_cache.layout import PRECISIONS as PRECISION_NAMES
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.placeholders import is_placeholder_tensor
@@ -187,7 +186,6 @@ class TensorCache:
         recorded: Mapping[str, FileStamp | None] | None = None,
         max_pending_bytes: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
-        prefetch: Prefetcher | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._root = os.fspath(cache_dir) if cache_dir is not None else ""
@@ -209,7 +207,6 @@ class TensorCache:
         self.on_written = on_written
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self.recorded = recorded  # warm: {file: stamp the gate verified} of the marker (None: any)
-        self.prefetch = prefetch  # warm: reads each file ahead as it is mapped, in the loader's order
         writes = rebuild and cache_dir is not None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if writes else None
 
@@ -223,8 +220,6 @@ class TensorCache:
             path = os.path.join(self._root, relative)
             if self.recorded is not None:
                 self._check_unchanged(path, relative, name)
-            if self.prefetch is not None:
-                self.prefetch.add([path])
             result = self._load(path, name, tensor, fmt)
         else:
             if is_placeholder_tensor(tensor):
