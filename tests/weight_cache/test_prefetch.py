@@ -8,7 +8,6 @@ import ctypes
 import gc
 import mmap
 import os
-import time
 from pathlib import Path
 
 import pytest
