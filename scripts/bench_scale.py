@@ -12,7 +12,9 @@ the cases; this script runs them together on one real checkpoint):
   (weights kept), the streaming ``seed()``, and the Ray seed at 1 and 2 local workers; each
   process's own peak RSS (``VmHWM``) beside its RSS after ``import torch, ttnn``. Seed target:
   peak <= import RSS + largest checkpoint tensor + 0.5 GiB. Ray: its fixed start cost (``ray.init``,
-  workers ready) apart; target: 2 workers >= 0.8x of the ideal (the 1-worker work halved).
+  workers ready) apart; target: 2 workers >= 0.8x of the ideal (the 1-worker work halved). Beside
+  it, the machine's own ceiling: one ``ttnn.from_torch`` loop alone against two at once in two
+  processes (the speedup two workers could get if conversion were all they did).
 * **warm start** (``bench_loader.run_case``): a whole warm-start process against a bare
   ``python -c "import torch, ttnn"`` process. Target <= 1.1x.
 * **evicted** (``bench_prefetch``; root: ``echo 3 > /proc/sys/vm/drop_caches``): a warm load that
@@ -51,6 +53,22 @@ REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 TT_CACHE = str(Path(sys.executable).with_name("tt-cache"))
 BUILD_MODES = {"cold load()": "load", "seed()": "seed", "ray 1 worker": "ray:1", "ray 2 workers": "ray:2"}
+RAY_FIXED = ("ray_import", "ray_start", "workers_ready")  # Ray's own start, whatever the build
+CONVERT_LOOP = r"""
+import sys, time
+from models.common.device_env import ensure_host_cluster
+ensure_host_cluster()
+import torch, ttnn
+torch.set_num_threads(1)
+rows, cols, precision = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+weight = torch.randn(rows, cols, dtype=torch.bfloat16)
+print("READY", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+for _ in range(8):
+    ttnn.from_torch(weight, dtype=getattr(ttnn, precision), layout=ttnn.TILE_LAYOUT)
+print("SECONDS", time.perf_counter() - start, flush=True)
+"""
 
 
 def largest_tensor_bytes(checkpoint: Path) -> int:
@@ -88,19 +106,42 @@ def cat_mib_per_s(files: list[str], evict: bool) -> float:
     return size / MIB / cat(files, 1, evict)
 
 
+def conversion_seconds(shape: tuple[int, int], precision: str, processes: int) -> float:
+    """Wall time of ``processes`` processes converting the same weight 8 times each, started
+    together once all have imported (the longest one's time)."""
+    procs = [subprocess.Popen([sys.executable, "-c", CONVERT_LOOP, *map(str, shape), precision], cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(processes)]
+    for proc in procs:
+        while (line := proc.stdout.readline()) and not line.startswith("READY"):
+            pass
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    seconds = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        seconds += [float(line.split()[1]) for line in out.splitlines() if line.startswith("SECONDS ")]
+    if len(seconds) != processes:
+        raise RuntimeError("a conversion loop failed")
+    return max(seconds)
+
+
 def median(rows: list[dict], key: str) -> float:
     return statistics.median(row[key] for row in rows)
 
 
 def bench_precision(model: str, family: str, precision: str, opts: argparse.Namespace) -> dict:
     cache_root = opts.workdir / f"cache-{precision}"  # the seed's, kept for the warm cases
+    config = read_config(Path(model))
+    shape = (config["intermediate_size"], config["hidden_size"])  # an MLP weight: the bulk of the work
     build: dict[str, dict] = {}
     for label, mode in BUILD_MODES.items():
         seeding = mode == "seed"
         report = seed_run(mode, Path(model), precision, cache_root if seeding else opts.workdir / "build", keep=seeding)
         assert report["mode"] == mode and report["complete"] and not report["warm_before"], report
         timings = report.get("timings") or {}
-        fixed = timings.get("ray_start", 0.0) + timings.get("workers_ready", 0.0)
+        fixed = sum(timings.get(key, 0.0) for key in RAY_FIXED)
         build[label] = {"seconds": report["seconds"], "fixed_seconds": fixed, "work_seconds": report["seconds"] - fixed,
                         "peak_mib": report["peak"] / MIB, "import_peak_mib": report["import_peak"] / MIB}
         print(f"  {precision} {label}: {report['seconds']:.2f} s (fixed {fixed:.2f}), "
@@ -112,6 +153,9 @@ def bench_precision(model: str, family: str, precision: str, opts: argparse.Name
     samples: dict[str, list] = {}
     for _ in range(opts.repeat):  # round-robin: machine noise hits every case alike
         samples.setdefault("import", []).append(loader_case("import", family, model, precision, "1x1", env))
+        for processes in (1, 2):
+            samples.setdefault(f"convert {processes} process", []).append(
+                conversion_seconds(shape, precision, processes))
         samples.setdefault("warm process", []).append(loader_case("warm_lazy", family, model, precision, "1x1", env))
         samples.setdefault("evicted warm+read", []).append(warm_read(model, precision, None, True, env)["total"])
         samples.setdefault("evicted warm+read, no prefetch", []).append(warm_read(model, precision, 0, True, env)["total"])
@@ -157,6 +201,9 @@ def ratios(entry: dict, largest: int) -> dict[str, dict]:
     seed_budget = seed["import_peak_mib"] + largest / MIB + 512
     ray1, ray2 = build["ray 1 worker"], build["ray 2 workers"]
     ideal_work = ray1["work_seconds"] / 2
+    samples = entry["samples"]
+    ceiling = (2 * paired(entry, "convert 1 process", "convert 2 process")
+               if "convert 1 process" in samples else None)  # two processes' conversions per one's
     out = {
         "seed peak RSS / (import + largest tensor + 0.5 GiB)": (seed["peak_mib"] / seed_budget, "<= 1.0"),
         "warm process / bare import": (paired(entry, "warm process", "import"), "<= 1.1"),
@@ -164,6 +211,9 @@ def ratios(entry: dict, largest: int) -> dict[str, dict]:
         "evicted warm+read without prefetch / parallel-read floor": (
             paired(entry, "evicted warm+read, no prefetch", "evicted parallel read"), ""),
         "ray 2 workers: ideal / measured work (fixed cost apart)": (ideal_work / ray2["work_seconds"], ">= 0.8"),
+        **({"2 conversions at once: speedup / ideal 2x (the machine's ceiling)": (ceiling / 2, ""),
+            "ray 2 workers: speedup / the machine's ceiling": (ray1["work_seconds"] / ray2["work_seconds"] / ceiling, "")}
+           if ceiling else {}),
         "verify / cat MiB/s, pages warm": (paired(entry, "verify warm", "cat warm"), ">= 0.8"),
         "verify / cat MiB/s, evicted": (paired(entry, "verify evicted", "cat evicted"), ">= 0.8"),
         "cold load() / seed()": (build["cold load()"]["seconds"] / seed["seconds"], ""),

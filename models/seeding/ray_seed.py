@@ -194,18 +194,20 @@ def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: s
                 failed.append(f"{loader.cache_dir}: {type(error).__name__}: {error}")
         variants = [v for v in prepared if isinstance(v, _Variant)]
         if variants:
-            failed += _run(variants, workers, address, progress, tasks_per_worker)
+            failed += _run(variants, workers, address, progress, tasks_per_worker, time.perf_counter() - start)
     if failed:
         raise SeedError("distributed seed failed for " + "; ".join(failed))
     return [p.result if isinstance(p, _Variant) else p for p in prepared]  # type: ignore[misc]
 
 
 def _run(variants: list[_Variant], workers: int, address: str | None, progress: Any,
-         tasks_per_worker: int) -> list[str]:
+         tasks_per_worker: int, prepare_seconds: float) -> list[str]:
     """Submit every variant's tasks, collect, then commit each variant; return the failures."""
+    t = time.perf_counter()
     import ray
 
-    timings = {"ray_start": start_ray(workers, address)}
+    timings = {"prepare": prepare_seconds, "ray_import": time.perf_counter() - t}
+    timings["ray_start"] = start_ray(workers, address)
     remote_warm = ray.remote(num_cpus=1)(_warm_worker)
     t = time.perf_counter()
     ray.get([remote_warm.remote(0.5) for _ in range(workers if address is None else 0)])
@@ -221,6 +223,7 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
         for names in partition(variant.plan, workers * tasks_per_worker):
             owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
     host = {id(v): _write_sidecar(v) for v in variants}  # the driver's share, overlapped with the tasks
+    timings["sidecar"] = time.perf_counter() - t
     collected = {id(v): {"sizes": {}, "from_torch": 0.0} for v in variants}
     waiting = list(owner)
     while waiting:
