@@ -106,7 +106,7 @@ def emit(args: argparse.Namespace, payload: dict[str, Any], lines: Iterable[str]
 # --------------------------------------------------------------------------------------------
 
 
-LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "LAST USED", "PATH")
+LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "BUILT IN", "LAST USED", "PATH")
 
 
 def table(rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -116,7 +116,7 @@ def table(rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from models.tt_cache.humanize import format_age, format_size
+    from models.tt_cache.humanize import format_age, format_duration, format_size
     from models.tt_cache.scan import scan_leftovers, scan_root
 
     start = time.perf_counter()
@@ -126,9 +126,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     total = sum(row["size_bytes"] for row in rows) + sum(b["size_bytes"] for b in leftovers)
     lines = table([LS_COLUMNS] + [
         (r["model"], r["family"], r["precision"], r["mesh"], ",".join(r["components"]) or "?",
-         format_size(r["size_bytes"]), r["state"], format_age(r["last_used"]), r["cache_dir"])
+         format_size(r["size_bytes"]), r["state"], format_duration(r["build_seconds"]), format_age(r["last_used"]),
+         r["cache_dir"])
         for r in rows
-    ] + [("(unfinished or replaced build)", "?", "?", "?", "?", format_size(b["size_bytes"]), "leftover",
+    ] + [("(unfinished or replaced build)", "?", "?", "?", "?", format_size(b["size_bytes"]), "leftover", "-",
           format_age(b["created_ns"] / 1e9), f"{b['cache_dir']}/{b['generation']}") for b in leftovers])
     lines += [f"  {r['marker']}: {r['reason']}" for r in rows if r["state"] != "warm"]
     if leftovers:

@@ -37,6 +37,17 @@ def format_size(nbytes: float) -> str:
     return f"{nbytes:.1f}P"
 
 
+def format_duration(seconds: float | None) -> str:
+    """How long a build took, as one word: ``0.42s``, ``38s``, ``12m05s``; ``-`` when not recorded."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 600:
+        return f"{seconds:.0f}s"
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 def format_age(timestamp: float | None, now: float | None = None) -> str:
     if timestamp is None:
         return "-"

@@ -9,7 +9,8 @@
 
 ``ls`` shows the size cap producers are given by ``TT_PREFILL_CACHE_MAX_SIZE``; ``gc`` applies
 it when ``--max-size`` is not given. JSON output carries ``schema_version`` and snake_case keys,
-and errors are JSON too under ``--json`` (``{"schema_version": 1, "error": ...}``).
+and errors are JSON too under ``--json`` (``{"schema_version": 1, "error": ..., "exit_code": 2}``), as
+every other ``tt-cache`` command's.
 
 Exit status: 0 all good, 1 a check failed, 2 bad usage or input (no such root, not a directory,
 not a size). Torch-free and ttnn-free: ``add_prefill_commands`` plugs these into any ``argparse``
@@ -46,7 +47,8 @@ SCHEMA_VERSION = 1
 def _fail(args: argparse.Namespace, message: str) -> int:
     """Report bad input (one line, or a JSON error object under ``--json``); exit status 2."""
     if getattr(args, "json", False):
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "error": message}, sort_keys=True))
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "error": message, "exit_code": EXIT_BAD_INPUT},
+                         sort_keys=True))
     print(f"error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
 

@@ -75,6 +75,7 @@ class VariantInfo:
             "state": "warm" if self.warm else "cold",
             "reason": self.reason,
             "last_used": self.last_used,
+            "build_seconds": marker.build_seconds if marker else None,
         }
 
 

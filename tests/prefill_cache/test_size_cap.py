@@ -168,7 +168,7 @@ def test_tt_cache_prefill_ls_and_gc_show_and_apply_the_cap(aged, capsys, monkeyp
                  ["prefill", "ls", str(root / "missing"), "--json"],
                  ["prefill", "gc", str(root), "--older-than-days", "-1", "--json"]):
         code, error = _cli(capsys, *argv)
-        assert code == 2 and error["schema_version"] == 1 and error["error"], argv
+        assert code == 2 and error["schema_version"] == 1 and error["error"] and error["exit_code"] == 2, argv
     monkeypatch.setenv(MAX_SIZE_ENV, "lots")
     code, error = _cli(capsys, "prefill", "gc", str(root), "--json")
     assert code == 2 and MAX_SIZE_ENV in error["error"]
@@ -186,4 +186,4 @@ def test_tt_cache_prefill_gc_as_a_process(aged):
     assert json.loads(done.stdout)["evicted_objects"] == 4 and _present(rows) == [4, 5, 6, 7]
     usage = subprocess.run([sys.executable, "-m", "models.tt_cache.prefill", "prefill", "gc", "--json"], cwd=REPO,
                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert usage.returncode == 2 and "Traceback" not in usage.stderr and json.loads(usage.stdout)["error"]
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr and json.loads(usage.stdout)["exit_code"] == 2

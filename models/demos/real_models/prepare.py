@@ -70,7 +70,6 @@ from models.common.fileio import (
 from models.demos.real_models.known import KNOWN_MODELS, KnownModel, UnknownModelError, known_model
 from models.demos.real_models.source import PrepareError, assemble_gguf, remove_stale_temps, source_identity
 
-MODEL_ROOT_ENV = "TT_MODEL_DATA"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_ROOT = REPO_ROOT / "model_data"
 MANIFEST_NAME = ".prepared.json"
@@ -334,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", help=f"one of: {', '.join(KNOWN_MODELS)}")
     parser.add_argument("--list", action="store_true", help="list the known models and exit")
     parser.add_argument("--model-root", type=Path, default=None,
-                        help=f"where the hub/ cache lives (default: ${MODEL_ROOT_ENV}, else {DEFAULT_MODEL_ROOT})")
+                        help=f"where the hub/ cache lives (default: $TT_MODEL_DATA, else {DEFAULT_MODEL_ROOT})")
     args = parser.parse_args(argv)
     if args.list:
         print(_table())

@@ -30,7 +30,6 @@ from models.common.fileio import (
 )
 from models.demos.real_models.known import KnownModel
 
-GGUF_CACHE_ENV = "TT_GGUF_CACHE"
 COPY_BLOCK_BYTES = 8 << 20
 
 

@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers of the seed-API tests: read and republish a marker, ask the gate, load a tensorbin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import ttnn
+
+from models.common import weight_cache as wc
+from models.common.fileio import atomic_write_bytes
+from models.testing import weight_cache_seeder as seeder
+
+
+def marker_body(root: Path, build_variant=None) -> dict:
+    return json.loads(wc.marker_path(root, build_variant).read_bytes())
+
+
+def rewrite_marker(root: Path, body: dict, build_variant=None) -> None:
+    """Publish a new marker (a new inode, as every real writer does)."""
+    atomic_write_bytes(wc.marker_path(root, build_variant), json.dumps(body).encode())
+
+
+def status(cache, **overrides) -> wc.CacheStatus:
+    return wc.weight_cache_status(cache.root, **cache.gate_kwargs(**overrides))
+
+
+def load_torch(path: Path) -> torch.Tensor:
+    return seeder.to_torch(ttnn.load_tensor(str(path)))
+
+
+def as_tensor_prefix(cache, key: str) -> str:
+    spec = seeder.weight_specs()[key]
+    return str(cache.path(key)).removesuffix(f"_dtype_{spec.dtype.upper()}_layout_TILE.tensorbin")
+
