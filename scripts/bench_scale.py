@@ -230,6 +230,57 @@ def ratios(entry: dict, largest: int) -> dict[str, dict]:
     return result
 
 
+def readme_table(results: dict) -> str:
+    """The README's table of one model: each figure, its reference, the ratio and the verdict."""
+    report = results["precisions"]
+
+    def verdict(entry: dict, name: str) -> str:
+        ratio = entry["ratios"][name]
+        met = "" if ratio["met"] is None else (" met" if ratio["met"] else " **missed**")
+        return f"{ratio['value']:.2f}x{met}"
+
+    def row(label: str, cell, target: str = "") -> str:
+        return f"| {label} | " + " | ".join(cell(report[p]) for p in report) + f" | {target} |"
+
+    seed_ratio = "seed peak RSS / (import + largest tensor + 0.5 GiB)"
+    lines = [
+        f"**{results['model']}** ({results['checkpoint_bytes'] / MIB:,.0f} MiB bf16 checkpoint, largest tensor "
+        f"{results['largest_tensor_bytes'] / MIB:,.0f} MiB)", "",
+        "| | " + " | ".join(report) + " | target |", "| --- |" + " --- |" * (len(report) + 1),
+        row("cache MiB", lambda e: f"{e['cache_bytes'] / MIB:,.0f}"),
+        row("cold `load()`: s, peak RSS MiB",
+            lambda e: f"{e['build']['cold load()']['seconds']:.1f}, {e['build']['cold load()']['peak_mib']:,.0f}"),
+        row("streaming `seed()`: s, peak RSS MiB / target",
+            lambda e: f"{e['build']['seed()']['seconds']:.1f}, {e['build']['seed()']['peak_mib']:,.0f} / "
+                      f"{e['ratios'][seed_ratio]['budget_mib']:,.0f} ({verdict(e, seed_ratio)})",
+            "<= import + largest tensor + 512 MiB"),
+        row("warm-start process / bare `import torch, ttnn` s",
+            lambda e: f"{e['medians']['warm_process_s']:.2f} / {e['medians']['import_s']:.2f} "
+                      f"({verdict(e, 'warm process / bare import')})", "<= 1.1x"),
+        row("evicted: warm + every byte / parallel-read floor s (prefetch off)",
+            lambda e: f"{e['medians']['evicted_warm_read_s']:.2f} / {e['medians']['evicted_parallel_read_s']:.2f} "
+                      f"({verdict(e, 'evicted warm+read / parallel-read floor')}) "
+                      f"({e['medians']['evicted_warm_read_no_prefetch_s']:.2f})", "<= 1.2x"),
+        row("Ray 1 / 2 workers: work s (+ fixed start s)",
+            lambda e: f"{e['build']['ray 1 worker']['work_seconds']:.1f} (+{e['build']['ray 1 worker']['fixed_seconds']:.0f})"
+                      f" / {e['build']['ray 2 workers']['work_seconds']:.1f} "
+                      f"(+{e['build']['ray 2 workers']['fixed_seconds']:.0f}) "
+                      f"({verdict(e, 'ray 2 workers: ideal / measured work (fixed cost apart)')})",
+            ">= 0.8x of ideal (work / 2)"),
+    ]
+    ceiling = "2 conversions at once: speedup / ideal 2x (the machine's ceiling)"
+    if all(ceiling in e["ratios"] for e in report.values()):
+        lines.append(row("two `from_torch` loops at once in two processes / ideal 2x (this machine's ceiling)",
+                         lambda e: verdict(e, ceiling)))
+    for where in ("warm", "evicted"):
+        name = f"verify / cat MiB/s, {'pages warm' if where == 'warm' else 'evicted'}"
+        lines.append(row(f"`tt-cache verify` / `cat` MiB/s, {'pages warm' if where == 'warm' else 'evicted'}",
+                         lambda e, w=where, n=name: f"{e['medians'][f'verify_{w}_mib_per_s']:,.0f} / "
+                                                    f"{e['medians'][f'cat_{w}_mib_per_s']:,.0f} ({verdict(e, n)})",
+                         ">= 0.8x"))
+    return "\n".join(lines)
+
+
 def print_tables(model: str, checkpoint_mib: float, largest: int, report: dict) -> None:
     precisions = list(report)
     print(f"\n### {model}: checkpoint {checkpoint_mib:,.0f} MiB (largest tensor {largest / MIB:,.0f} MiB), "
@@ -295,6 +346,7 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--from-json", type=Path, metavar="JSON",
                         help="recompute the ratios, tables and charts of an earlier run's JSON (nothing is measured)")
+    parser.add_argument("--readme", action="store_true", help="with --from-json: print the README's table, write nothing")
     opts = parser.parse_args()
     if opts.from_json:
         results = json.loads(opts.from_json.read_text())
@@ -304,6 +356,9 @@ def main() -> None:
         for entry in report.values():
             entry["ratios"] = ratios(entry, results["largest_tensor_bytes"])
         print_tables(results["model"], results["checkpoint_bytes"] / MIB, results["largest_tensor_bytes"], report)
+        if opts.readme:
+            print("\n" + readme_table(results))
+            return
         write_results(opts.out_dir, f"bench_scale-{results['model']}", results, charts(results["model"], report))
         return
     if not opts.model:
