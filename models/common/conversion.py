@@ -13,6 +13,7 @@ and calling ``sink.put(name, tensor, format)`` for every weight the device consu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -46,6 +47,10 @@ class LazyStateDict(Mapping):
         """Drop the pages of the tensors read so far but ``keep`` (a streaming seed, after each weight)."""
         self._reader.release_read(keep)
 
+    def recent_keys(self) -> list[str]:
+        """The tensors read since the last release (those the weight being put was made from)."""
+        return self._reader.recent_keys()
+
     def release_now(self, keep: Iterable[str] = ()) -> None:
         """Drop them now (a large weight's bytes were just copied into tiles)."""
         self._reader.release_read_now(keep)
@@ -60,7 +65,10 @@ class WeightSink:
     """What ``convert`` writes into: ``put`` a weight in the form the device consumes.
 
     ``keep=False`` (a streaming seed) drops each converted weight once it is handed to the cache
-    and calls ``after_put`` (which releases the checkpoint pages it was made from)."""
+    and releases the checkpoint pages it was made from (``after_put(name)`` after each put, for
+    other states); the host weights' pages stay until
+    ``sidecar`` (the host sidecar's write) is done, since its writer reads them. A large weight
+    made from a host weight (a tied LM head) waits for that write, then releases them too."""
 
     def __init__(
         self,
@@ -69,11 +77,13 @@ class WeightSink:
         host_keys: Iterable[str],
         *,
         keep: bool = True,
+        sidecar: Future | None = None,
         after_put: Callable[[str], None] | None = None,
     ) -> None:
         self._cache = cache
         self.state = state
         self.keep = keep
+        self.sidecar = sidecar
         self.after_put = after_put
         self.weights: dict[str, ttnn.Tensor] = {}
         self.formats: dict[str, TensorFormat] = {}
@@ -82,12 +92,23 @@ class WeightSink:
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
         if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
-        release = None
-        if not self.keep and isinstance(self.state, LazyStateDict):  # a streaming seed: memory flat
-            release = lambda: self.state.release_now(keep=self.host)  # noqa: E731 - host weights: the sidecar's
-        converted = self._cache.as_tensor(name, tensor, fmt, release_source=release)
+        streaming = not self.keep and isinstance(self.state, LazyStateDict)  # a streaming seed: memory flat
+        converted = self._cache.as_tensor(name, tensor, fmt, release_source=self._release_large if streaming else None)
         self.formats[name] = fmt
         if self.keep:
             self.weights[name] = converted
+        if streaming:
+            self.state.release_read(keep=self._sidecar_reads())
         if self.after_put is not None:
             self.after_put(name)
+
+    def _sidecar_reads(self) -> Iterable[str]:
+        """The host weights while the sidecar writer may still read them."""
+        return self.host if self.sidecar is not None and not self.sidecar.done() else ()
+
+    def _release_large(self) -> None:
+        """A large weight's bytes are in tiles now: drop its checkpoint pages at once, its source's
+        too when that is a host weight, once the sidecar is written (a later touch reads the file)."""
+        if self.sidecar is not None and any(key in self.host for key in self.state.recent_keys()):
+            self.sidecar.exception()  # waits; a failed write is the writer's to report
+        self.state.release_now(keep=self._sidecar_reads())

@@ -185,6 +185,7 @@ class CheckpointReader:
                 self._location[key] = (file, name)
         self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
         self._read: list[str] = []  # keys read and not released yet (a streaming seed)
+        self._recent: list[str] = []  # keys read since the last release: what the next put is made from
         self._keep: set[str] = set()
         self._release_due = False
 
@@ -207,6 +208,7 @@ class CheckpointReader:
         if self._release_due:
             self._release_now()
         self._read.append(key)
+        self._recent.append(key)
         return self._open[file].tensor(name, populate=True)
 
     def release_read(self, keep: Iterable[str] = ()) -> None:
@@ -216,6 +218,10 @@ class CheckpointReader:
         self._keep = set(keep)
         self._release_due = True
 
+    def recent_keys(self) -> list[str]:
+        """The tensors read since the last release (those the weight being put was made from)."""
+        return list(self._recent)
+
     def release_read_now(self, keep: Iterable[str] = ()) -> None:
         """Release the pages of every tensor read so far but those in ``keep`` at once (their
         bytes were copied out; a later touch reads them from the file again)."""
@@ -223,11 +229,15 @@ class CheckpointReader:
         self._release_now()
 
     def _release_now(self) -> None:
+        kept = []
         for key in self._read:
-            if key not in self._keep:
+            if key in self._keep:
+                kept.append(key)  # still tracked: a later release without it in ``keep`` drops it
+            else:
                 file, name = self._location[key]
                 self._open[file].release(name)
-        self._read.clear()
+        self._read = kept
+        self._recent = []
         self._release_due = False
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -86,3 +86,48 @@ def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_
     result = staged.seed()
     assert result.complete and not result.warm and len(released) > 10
     assert_same_cache(direct.cache_dir, staged.cache_dir, direct.build_variant)
+
+
+@pytest.mark.parametrize("precision", ["bfloat8_b", "bfloat16"])
+def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path, monkeypatch, precision):
+    """A streaming seed keeps the host weights' checkpoint pages while the sidecar writer reads
+    them; the tied LM head, made from the embedding, waits for that write and then releases the
+    embedding too, so a seed's peak never holds the embedding, its copy and its tiles at once.
+    The cache is byte for byte a direct build's."""
+    import models.common.weight_cache.tensor_cache as tensor_cache
+    from models.common.conversion import LazyStateDict, WeightSink
+    from models.registry import loader_class
+    from models.testing.seed_child import assert_same_cache
+    from models.testing.tiny_models import make_checkpoint
+
+    checkpoint = make_checkpoint("gemma3", tmp_path / "tiny-gemma3", vocab_size=4096)
+    cls = loader_class("gemma3")
+    direct = cls(checkpoint, precision=precision, cache_root=tmp_path / "direct")
+    assert not direct.load().warm
+    calls: list[tuple[list[str], set[str], bool]] = []
+    original = LazyStateDict.release_now
+    sinks: list[WeightSink] = []
+    original_init = WeightSink.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        sinks.append(self)
+
+    def recording_release(self, keep=()):
+        (sink,) = sinks
+        calls.append((self.recent_keys(), set(keep), sink.sidecar is not None and sink.sidecar.done()))
+        original(self, keep)
+
+    monkeypatch.setattr(WeightSink, "__init__", recording_init)
+    monkeypatch.setattr(LazyStateDict, "release_now", recording_release)
+    monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 1 << 20)  # the head (4096 x hidden) is large
+    seeded = cls(checkpoint, precision=precision, cache_root=tmp_path / "seeded")
+    result = seeded.seed()
+    assert result.complete and not result.warm
+    (sink,) = sinks
+    (embedding,) = sink.host
+    from_embedding = [call for call in calls if embedding in call[0]]
+    assert from_embedding, "the tied head was never released early"
+    for recent, keep, sidecar_written in from_embedding:
+        assert sidecar_written and embedding not in keep, (recent, keep)
+    assert_same_cache(direct.cache_dir, seeded.cache_dir, direct.build_variant)

@@ -295,10 +295,12 @@ class TensorCache:
             self.fsync_seconds += time.perf_counter() - dumped
         return [relative]
 
-    def submit_file(self, write: Callable[..., list[str]], *args: Any) -> None:
+    def submit_file(self, write: Callable[..., list[str]], *args: Any) -> Future:
         """Run another file writer (returning the relative paths it wrote) on the writer thread,
-        overlapped with conversion like the tensorbins."""
-        self._pending.append(("", self._writer.submit(self._guarded, write, *args), 0))
+        overlapped with conversion like the tensorbins; its future."""
+        future = self._writer.submit(self._guarded, write, *args)
+        self._pending.append(("", future, 0))
+        return future
 
     def _guarded(self, write: Callable[..., list[str]], *args: Any) -> list[str]:
         """Run a writer; a cache dir that cannot be written is reported once, not fatal: the
