@@ -10,7 +10,7 @@ machine a mapped copy of a 2 GiB cache takes 1.4x as long as ``cat`` of the same
 The prefetcher reads the variant's files into the page cache ahead of the consumer, in the order
 the marker records them (the order the loader maps them, the host sidecar last), on a few daemon
 threads. Each piece is a ``sendfile`` to ``/dev/null``: the kernel's own sequential readahead
-fills the page cache and nothing is copied to user space, one system call per 64 MiB with the
+fills the page cache and nothing is copied to user space, one system call per 16 MiB with the
 GIL released (``posix_fadvise(WILLNEED)`` reads at most one readahead window per call, which is
 why the first prefetcher, built on it, gained nothing). A piece whose first and last pages are
 already cached (an ``RWF_NOWAIT`` read of one page each) is skipped, so a warm page cache costs
@@ -36,7 +36,7 @@ from loguru import logger
 from models.common import envs
 
 DEFAULT_THREADS = 4  # as many streams as the parallel-read floor's readers (docs/seeding.md)
-PIECE_BYTES = 64 << 20
+PIECE_BYTES = 16 << 20  # pieces near the consumer: 64 MiB ones let it overtake them (docs/seeding.md)
 HEAD_BYTES = 256 << 10  # more than a tensorbin's header and the first pages a mapping touches
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _NO_SENDFILE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
