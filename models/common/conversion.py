@@ -66,8 +66,8 @@ class WeightSink:
 
     ``keep=False`` (a streaming seed) drops each converted weight once it is handed to the cache
     and releases the checkpoint pages it was made from (``after_put(name)`` after each put, for
-    other states); the host weights' pages stay until
-    ``sidecar`` (the host sidecar's write) is done, since its writer reads them. A large weight
+    other states); the host weights' pages stay until ``sidecar`` (the host sidecar's write, set
+    by the build) is done, since its writer reads them. A large weight
     made from a host weight (a tied LM head) waits for that write, then releases them too."""
 
     def __init__(
@@ -77,13 +77,12 @@ class WeightSink:
         host_keys: Iterable[str],
         *,
         keep: bool = True,
-        sidecar: Future | None = None,
         after_put: Callable[[str], None] | None = None,
     ) -> None:
         self._cache = cache
         self.state = state
         self.keep = keep
-        self.sidecar = sidecar
+        self.sidecar: Future | None = None  # the host sidecar's write, when the build makes one
         self.after_put = after_put
         self.weights: dict[str, ttnn.Tensor] = {}
         self.formats: dict[str, TensorFormat] = {}

@@ -360,10 +360,10 @@ class WeightLoader(ABC):
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
         cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
                             max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written)
-        host = {key: state[key] for key in state if self.is_host_weight(key)}
-        sidecar = transaction.paths.host_sidecar_name if host and root is not None else None
-        written = cache.submit_file(_write_sidecar, root, sidecar, host) if sidecar else None
-        sink = WeightSink(cache, state, host, keep=not stream, sidecar=written)
+        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
+        sidecar = transaction.paths.host_sidecar_name if sink.host and root is not None else None
+        if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
+            sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
         try:
             with conversion_threads():
                 self.convert(sink, args)
