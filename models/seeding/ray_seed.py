@@ -222,8 +222,9 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
         spec = LoaderSpec.of(variant.loader)
         for names in partition(variant.plan, workers * tasks_per_worker):
             owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
+    submitted = time.perf_counter()
     host = {id(v): _write_sidecar(v) for v in variants}  # the driver's share, overlapped with the tasks
-    timings["sidecar"] = time.perf_counter() - t
+    timings["sidecar"] = time.perf_counter() - submitted
     collected = {id(v): {"sizes": {}, "from_torch": 0.0} for v in variants}
     waiting = list(owner)
     while waiting:
