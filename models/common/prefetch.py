@@ -59,9 +59,7 @@ def is_cached(fd: int, offset: int, length: int) -> bool:
     try:
         for position in {offset, offset + length - 1}:
             os.preadv(fd, [page], position - position % _PAGE, os.RWF_NOWAIT)
-    except BlockingIOError:
-        return False
-    except OSError:  # RWF_NOWAIT unsupported here: read it
+    except OSError:  # EAGAIN: not cached; any other error (RWF_NOWAIT unsupported): read it anyway
         return False
     return True
 

@@ -5,9 +5,11 @@ residency (``mincore``), real FIFOs and symlinks, the process's own read counter
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import mmap
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,39 @@ def test_prefetch_never_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
     assert prefetcher.bytes_read == 2 << 20
     assert len(prefetcher.errors) == 2
     assert any("fifo.tensorbin" in e for e in prefetcher.errors) and any("link.tensorbin" in e for e in prefetcher.errors)
+
+
+def test_a_file_system_that_cannot_splice_gets_readahead_advice_instead(tmp_path, monkeypatch):
+    """``sendfile`` refused (EINVAL: a file system without splice) falls back to ``fadvise(WILLNEED)``
+    for the piece: no error, the piece counted, its pages read in the background."""
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    evicted_or_skip([path])
+
+    def no_splice(*args):
+        raise OSError(errno.EINVAL, "splice is not supported here")
+
+    monkeypatch.setattr(os, "sendfile", no_splice)
+    prefetcher = Prefetcher(threads=1, piece_bytes=4 << 20)
+    prefetcher.add([path])
+    assert prefetcher.wait(timeout=10) and not prefetcher.errors and prefetcher.bytes_read == 4 << 20
+    deadline = time.monotonic() + 10  # advice starts reads; they finish in the background
+    while not fully_cached(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fully_cached(path), "the fallback's advice read nothing past the head"
+
+
+def test_a_piece_past_the_end_of_a_shortened_file_ends_at_the_end(tmp_path):
+    """A file cut short after it was queued: ``sendfile`` returns 0 at its end and the piece stops."""
+    from models.common.prefetch import read_ahead
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(2 << 20))
+    evicted_or_skip([path])
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        read_ahead(os.fspath(path), 0, 8 << 20, sink)  # queued when the file was 8 MiB
+    finally:
+        os.close(sink)
+    assert fully_cached(path)
