@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers of the seed-API tests: read and republish a marker, ask the gate, load a tensorbin."""
+"""Helpers of the seed-API tests (``test_seed_api_*.py``): read and republish a marker, ask the
+gate, load a tensorbin.
+
+Every cache those tests use is written by ``ttnn.as_tensor`` / ``ttnn.dump_tensor`` on the mock
+cluster (bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see models/testing/fixtures.py.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The seed API's warm state dict, model-args facts and temp files.
 
-Every cache here is written by ``ttnn.as_tensor`` / ``ttnn.dump_tensor`` on the mock cluster
-(bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see models/testing/fixtures.py.
+The caches they use: tests/weight_cache/seed_api.py.
 """
 
 from __future__ import annotations
