@@ -4,6 +4,7 @@
     python scripts/bench_scale.py --model qwen2.5-coder-1.5b          # bfloat8_b and bfloat16 caches
     python scripts/bench_scale.py --model gemma3-270m --repeat 3
     python scripts/bench_scale.py --from-json docs/bench_scale-gemma3-270m.json   # ratios and charts again
+    python scripts/bench_scale.py --from-json docs/bench_scale-*.json --readme     # the README's tables
 
 For each precision, every timed thing in a fresh process (the other ``scripts/bench_*.py`` hold
 the cases; this script runs them together on one real checkpoint):
@@ -48,6 +49,7 @@ from bench_prefetch import cat, drop_page_cache, warm_read
 from bench_seeding import run as seed_run
 
 from models.common.checkpoint import read_config
+from models.demos.real_models.known import known_model
 from models.registry import family_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -248,7 +250,7 @@ def readme_table(results: dict) -> str:
 
     seed_ratio = "seed peak RSS / (import + largest tensor + 0.5 GiB)"
     lines = [
-        f"**{results['model']}** ({results['checkpoint_bytes'] / MIB:,.0f} MiB bf16 checkpoint, largest tensor "
+        f"**{known_model(results['model']).repo_id}** ({results['checkpoint_bytes'] / MIB:,.0f} MiB bf16 checkpoint, largest tensor "
         f"{results['largest_tensor_bytes'] / MIB:,.0f} MiB)", "",
         "| | " + " | ".join(report) + " | target |", "| --- |" + " --- |" * (len(report) + 1),
         row("cache MiB", lambda e: f"{e['cache_bytes'] / MIB:,.0f}"),
@@ -282,6 +284,20 @@ def readme_table(results: dict) -> str:
                          lambda e, w=where, n=name: f"{e['medians'][f'verify_{w}_mib_per_s']:,.0f} / "
                                                     f"{e['medians'][f'cat_{w}_mib_per_s']:,.0f} ({verdict(e, n)})",
                          ">= 0.8x"))
+    return "\n".join(lines)
+
+
+def verify_table(runs: list[dict]) -> str:
+    """docs/scale.md's table of ``tt-cache verify`` against ``cat``, every model and precision."""
+    lines = ["| model, precision | verify warm (1 thread) | cat warm | verify evicted (1 thread) | cat evicted |",
+             "| --- | --- | --- | --- | --- |"]
+    for results in runs:
+        for precision, entry in results["precisions"].items():
+            m = entry["medians"]
+            lines.append(f"| {known_model(results['model']).repo_id}, {precision} | "
+                         f"{m['verify_warm_mib_per_s']:,.0f} ({m['verify_1_thread_warm_mib_per_s']:,.0f}) | "
+                         f"{m['cat_warm_mib_per_s']:,.0f} | {m['verify_evicted_mib_per_s']:,.0f} "
+                         f"({m['verify_1_thread_evicted_mib_per_s']:,.0f}) | {m['cat_evicted_mib_per_s']:,.0f} |")
     return "\n".join(lines)
 
 
@@ -348,22 +364,24 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=4, help="parallel cat processes: the parallel-read floor")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-scale"))
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
-    parser.add_argument("--from-json", type=Path, metavar="JSON",
-                        help="recompute the ratios, tables and charts of an earlier run's JSON (nothing is measured)")
-    parser.add_argument("--readme", action="store_true", help="with --from-json: print the README's table, write nothing")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                        help="recompute the ratios, tables and charts of earlier runs' JSON (nothing is measured)")
+    parser.add_argument("--readme", action="store_true",
+                        help="with --from-json: print the README's tables and docs/scale.md's verify table, write nothing")
     opts = parser.parse_args()
     if opts.from_json:
-        results = json.loads(opts.from_json.read_text())
-        if "machine" in results:  # where and when the figures were measured (write_json adds this run's)
-            results["measured_on"] = results.pop("machine")
-        report = results["precisions"]
-        for entry in report.values():
-            entry["ratios"] = ratios(entry, results["largest_tensor_bytes"])
-        print_tables(results["model"], results["checkpoint_bytes"] / MIB, results["largest_tensor_bytes"], report)
+        runs = [json.loads(path.read_text()) for path in opts.from_json]
+        for results in runs:
+            if "machine" in results:  # where and when the figures were measured (write_json adds this run's)
+                results["measured_on"] = results.pop("machine")
+            report = results["precisions"]
+            for entry in report.values():
+                entry["ratios"] = ratios(entry, results["largest_tensor_bytes"])
+            if not opts.readme:
+                print_tables(results["model"], results["checkpoint_bytes"] / MIB, results["largest_tensor_bytes"], report)
+                write_results(opts.out_dir, f"bench_scale-{results['model']}", results, charts(results["model"], report))
         if opts.readme:
-            print("\n" + readme_table(results))
-            return
-        write_results(opts.out_dir, f"bench_scale-{results['model']}", results, charts(results["model"], report))
+            print("\n\n".join(readme_table(results) for results in runs) + "\n\n" + verify_table(runs))
         return
     if not opts.model:
         parser.error("--model is required (or --from-json)")
