@@ -5,7 +5,8 @@
 bytes are read later, when the tensors are used (uploaded to a device, or read on host). On a
 page cache that is cold (a fresh node, a shared mount, after ``drop_caches``) those reads are
 page faults, one read-around window at a time, in the consumer's order, on one thread: on this
-machine a mapped copy of a 2 GiB cache takes 1.4x as long as ``cat`` of the same files.
+machine a mapped copy of a 2 GiB cache takes 1.4x as long as 4 parallel ``cat`` of the same files
+(``scripts/bench_readers.py``).
 
 The prefetcher reads the variant's files into the page cache ahead of the consumer, in the order
 the marker records them (the order the loader maps them, the host sidecar last), on a few daemon
@@ -14,7 +15,8 @@ fills the page cache and nothing is copied to user space, one system call per 16
 GIL released (``posix_fadvise(WILLNEED)`` reads at most one readahead window per call, which is
 why the first prefetcher, built on it, gained nothing). A piece whose first and last pages are
 already cached (an ``RWF_NOWAIT`` read of one page each) is skipped, so a warm page cache costs
-two probes per piece. Measured side by side (``scripts/bench_prefetch.py``, docs/seeding.md).
+two probes per piece. Measured side by side (``scripts/bench_readers.py``, ``scripts/bench_prefetch.py``,
+docs/seeding.md).
 
 On by default with ``DEFAULT_THREADS``; ``prefetch=0`` or ``TT_PREFETCH_THREADS=0`` turns it off.
 Only regular files are read, and no symlink is followed.
