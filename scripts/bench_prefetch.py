@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 from _bench_output import bar_chart, write_json  # noqa: E402
 
 CHILD = r"""
-import json, mmap, os, sys, time
+import json, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
@@ -52,18 +53,28 @@ root = loaded.cache_dir / (marker.generation or "")
 paths = [root / tensorbin_name(name, loaded.formats[name]) for name in loaded.weights]
 if marker.host_sidecar:
     paths.append(loaded.cache_dir / marker.host_sidecar.path)
-chunk = bytearray(1 << 20); target = memoryview(chunk); total = 0
-for path in paths:
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-        source = memoryview(m)
-        for start in range(0, len(m), len(chunk)):
-            piece = source[start : start + len(chunk)]
-            target[: len(piece)] = piece
-            total += len(piece)
-        del source, piece
+sys.path.insert(0, "scripts")
+from bench_prefetch import consume
+total = consume([str(p) for p in paths])
 print("RESULT " + json.dumps({"load": t_load, "total": time.perf_counter() - t0, "bytes": total,
                               "files": [str(p) for p in paths]}), flush=True)
 """
+
+
+def consume(files: list[str]) -> int:
+    """Every byte of every file, in order, copied 1 MiB at a time through a mapping of the file
+    (what a device upload of ttnn's mapped tensors does); returns the bytes copied."""
+    chunk = memoryview(bytearray(1 << 20))
+    total = 0
+    for path in files:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            source = memoryview(mapped)
+            for start in range(0, len(mapped), len(chunk)):
+                piece = source[start:start + len(chunk)]
+                chunk[:len(piece)] = piece
+                total += len(piece)
+            del source, piece
+    return total
 
 
 def drop_page_cache() -> None:

@@ -21,7 +21,6 @@ there is nothing to read). Writes ``bench_readers.json`` and a PNG into ``--out-
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import subprocess
@@ -33,23 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _bench_output import DEFAULT_OUT_DIR, write_results
-from bench_prefetch import cat, drop_page_cache
+from bench_prefetch import cat, consume, drop_page_cache
 
 from models.common.prefetch import Prefetcher
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def consume(files: list[str]) -> None:
-    """1 MiB copies through a mapping of each file, in order."""
-    chunk = memoryview(bytearray(1 << 20))
-    for path in files:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
-            source = memoryview(mapped)
-            for start in range(0, len(mapped), len(chunk)):
-                piece = source[start:start + len(chunk)]
-                chunk[:len(piece)] = piece
-            del source, piece
 
 
 def send(files: list[str]) -> None:
