@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -41,6 +42,38 @@ VARIANTS = {  # variant -> (forward signals, freeze the heap at exit)
 }
 
 
+FORCE_KILL_MESSAGE = "force killing remaining process "  # vLLM's warning before it SIGKILLs an engine core
+FORCE_KILL_LINE = "FORCE-KILL "
+
+
+def process_state(pid: int) -> str:
+    """``alive``, or ``exited`` when the process is gone or a zombie (it ended by itself)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "exited"
+    return "exited" if stat[stat.rindex(")") + 2] == "Z" else "alive"
+
+
+class ForceKillWitness(logging.Handler):
+    """Prints, at vLLM's force-kill warning and before its SIGKILL, whether the engine core was still alive.
+
+    vLLM can warn and SIGKILL an engine core that already exited: its liveness-monitor thread and
+    its shutdown both ``waitpid`` the process, and the one that loses the race reads "alive". Only
+    an engine core alive after the grace period is one the SIGTERM did not end."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if FORCE_KILL_MESSAGE in str(record.msg) and isinstance(record.args, tuple) and len(record.args) == 2:
+            print(f"{FORCE_KILL_LINE}{record.args[1]} {process_state(int(record.args[1]))}", flush=True)
+
+
+def watch_force_kills() -> None:
+    """Attach one :class:`ForceKillWitness` to the logger of vLLM's process shutdown."""
+    shutdown_logger = logging.getLogger("vllm.v1.utils")
+    if not any(isinstance(handler, ForceKillWitness) for handler in shutdown_logger.handlers):
+        shutdown_logger.addHandler(ForceKillWitness())
+
+
 def child(model: str, rounds: int) -> None:
     """Build, use and shut down ``rounds`` engines; print their shutdowns, then the end time."""
     from vllm import LLM, SamplingParams
@@ -49,6 +82,7 @@ def child(model: str, rounds: int) -> None:
     for index in range(rounds):
         llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=64, max_num_seqs=2,
                   additional_config={"precision": "bfloat16"})
+        watch_force_kills()  # after the engine is built: building it configures vLLM's logging anew
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
         if index == rounds - 1:
             break  # the last engine is shut down by the interpreter's exit, as at the end of a script
@@ -56,10 +90,20 @@ def child(model: str, rounds: int) -> None:
         process = client.resources.engine_manager.processes[0]
         start = time.monotonic()
         client.shutdown()
-        results.append({"shutdown_seconds": time.monotonic() - start, "exitcode": process.exitcode})
+        shutdown_seconds = time.monotonic() - start
+        results.append({"shutdown_seconds": shutdown_seconds, "exitcode": exit_code(process)})
         del llm
     print("ROUNDS " + json.dumps(results), flush=True)
     print(f"END {time.time():.6f}", flush=True)
+
+
+def exit_code(process: Any, timeout: float = 10.0) -> int | None:
+    """The engine core's exit code (-9: SIGKILLed), waited for: vLLM's monitor thread may be the
+    one that reaps it, and sets the code a moment after the shutdown returned."""
+    deadline = time.monotonic() + timeout
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process.exitcode
 
 
 def run_child(model: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
@@ -80,7 +124,8 @@ def run_child(model: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
         raise RuntimeError(f"exit child failed ({proc.returncode}):\n{output[-4000:]}")
     rounds_line = next(line for line in lines if line.startswith("ROUNDS "))
     return {"rounds": json.loads(rounds_line[len("ROUNDS "):]), "exit_seconds": exited - end,
-            "force_killed": output.count("force killing remaining process "), "output": output}
+            "force_killed": sum(line.split()[-1] == "alive" for line in lines if line.startswith(FORCE_KILL_LINE)),
+            "force_kill_warnings": output.count(FORCE_KILL_MESSAGE), "output": output}
 
 
 OFFLINE_WRAPPER = """
@@ -106,7 +151,7 @@ def offline_run(model: Path, env: dict[str, str]) -> dict[str, Any]:
     if proc.returncode != 0 or end is None:
         raise RuntimeError(f"offline example failed ({proc.returncode}):\n{output[-4000:]}")
     return {"process_seconds": exited - start, "exit_seconds_after_main": exited - end,
-            "sigkilled": "force killing remaining process " in output}
+            "sigkilled": FORCE_KILL_MESSAGE in output}
 
 
 def _token_prompts() -> Path:

@@ -27,12 +27,15 @@ import re
 import secrets
 import stat
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import blake3
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 TEMP_MARK = ".tmp."
 
@@ -194,23 +197,51 @@ def file_lock(lock_path: Path, *, blocking: bool = True) -> Iterator[bool]:
 
 
 CONTENT_DIGEST_ALGORITHM = "blake3"
-HASH_READ_BYTES = 8 << 20  # large reads let BLAKE3 hash on every core
+# Files are hashed one per core, each read in blocks that stay in the CPU's cache between the copy
+# out of the page cache and the hash. Large blocks hashed by BLAKE3's own threads sent every byte
+# to memory and back once more: on a 2-core VM whose memory bandwidth is the limit, 8 MiB blocks
+# with BLAKE3's threads hashed 2.2 GB/s of cached files, 1 MiB blocks one file per core 3.8 GB/s.
+HASH_READ_BYTES = 1 << 20
 
 
-PARALLEL_HASH_BYTES = 4 << 20  # below this, BLAKE3's worker threads cost more than they save
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
-def _hasher(algorithm: str, size: int) -> Any:
+HASH_THREADS = max(1, min(8, _usable_cpus()))  # files hashed at once: hashing is CPU-bound, one per core
+
+
+def _hasher(algorithm: str) -> Any:
     if algorithm == "blake3":
-        return blake3.blake3(max_threads=blake3.blake3.AUTO if size >= PARALLEL_HASH_BYTES else 1)
+        return blake3.blake3(max_threads=1)  # callers hash several files at once instead
     return hashlib.new(algorithm)
+
+
+def map_largest_first(function: Callable[[T], R], items: Sequence[T], sizes: Sequence[int],
+                      threads: int = HASH_THREADS) -> list[R]:
+    """``[function(item) for item in items]`` on ``threads`` threads, the largest items started
+    first (a pool that starts the big files last ends waiting on one hashed alone)."""
+    results: list[Any] = [None] * len(items)
+    order = sorted(range(len(items)), key=lambda index: -sizes[index])
+    if threads <= 1 or len(items) < 2:
+        for index in order:
+            results[index] = function(items[index])
+        return results
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="hash") as pool:
+        futures = {index: pool.submit(function, items[index]) for index in order}
+        for index, future in futures.items():
+            results[index] = future.result()
+    return results
 
 
 def digest_fd(fd: int, algorithm: str = CONTENT_DIGEST_ALGORITHM) -> str:
     """Hex digest of everything readable from an open file, read (not mapped: a file truncated
-    under a mapping would kill the process with SIGBUS) in large blocks."""
+    under a mapping would kill the process with SIGBUS) in cache-sized blocks on this thread."""
     size = os.fstat(fd).st_size
-    hasher = _hasher(algorithm, size)
+    hasher = _hasher(algorithm)
     buffer = bytearray(min(HASH_READ_BYTES, max(size, 1 << 16)))
     view = memoryview(buffer)
     with open(fd, "rb", buffering=0, closefd=False) as stream:

@@ -28,10 +28,8 @@ def tt_cache(*args: str, env: dict[str, str], prefix: list[str] | None = None,
 
 
 def json_out(result: subprocess.CompletedProcess) -> Any:
-    """The JSON document a ``--json`` run printed (ttnn's C++ logger may print after it at exit)."""
-    text = result.stdout
-    start = text.index("{")
-    return json.JSONDecoder().raw_decode(text[start:])[0]
+    """The JSON document a ``--json`` run printed: its whole stdout, nothing before or after it."""
+    return json.loads(result.stdout)
 
 
 def error_line(result: subprocess.CompletedProcess, command: str) -> str:

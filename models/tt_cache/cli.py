@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import signal
@@ -450,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = _add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
     verify.add_argument("cache_dir", metavar="DIR")
     verify.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                        help="files hashed at once (default: a few; 1: one file at a time)")
+                        help="files hashed at once (default: one per core; 1: one file at a time)")
 
     build = _add_command(sub, "build", cmd_build, "build or warm-load one model")
     build.add_argument("model", help="HF id, checkpoint dir or hub snapshot dir")
@@ -510,6 +511,18 @@ def _fail(args: argparse.Namespace, code: int, message: str, document: dict[str,
     return code
 
 
+def _native_logs_to_stderr() -> None:
+    """ttnn's C++ logger writes to file descriptor 1 when the device opens and when it closes at
+    exit, around the command's own output. Point descriptor 1 at stderr for the rest of the process
+    and print through a copy of the real stdout, so that stdout holds only what the CLI prints
+    (``--json``: one document)."""
+    sys.stdout.flush()
+    stdout_fd = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = io.TextIOWrapper(os.fdopen(stdout_fd, "wb"), encoding=sys.stdout.encoding,
+                                  errors=sys.stdout.errors, line_buffering=sys.stdout.line_buffering)
+
+
 def _closed_pipe() -> int:
     """The reader went away (``tt-cache ls | head -1``): stop quietly, as ``ls`` and ``cat`` do.
     Python would print a ``BrokenPipeError`` when it flushes stdout at exit; point it at devnull."""
@@ -532,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(argparse.Namespace(command=command, json="--json" in argv), error.exit_code, str(error))
         if args.command in ("build", "seed"):
             ensure_host_cluster()  # before ttnn is first imported
+            _native_logs_to_stderr()
         try:
             code = args.run(args)
             sys.stdout.flush()

@@ -1,22 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 """Deep verification for ``tt-cache verify``: re-hash, time it, never raise.
 
-Every recorded file of every variant under the root goes through one bounded pool of hashing
-threads (BLAKE3 releases the GIL): one file at a time left the cores and the disk's queue idle,
-and a root of many small caches verified one variant after another paid each variant's slowest
-file in turn.
+Every recorded file of every variant under the root goes through one pool of hashing threads,
+one per core, the largest files first (BLAKE3 releases the GIL): one file at a time left the
+cores and the disk's queue idle, and a root of many small caches verified one variant after
+another paid each variant's slowest file in turn.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.common.weight_cache.gate import VERIFY_THREADS, file_problem
+from models.common.fileio import HASH_THREADS, map_largest_first
+from models.common.weight_cache.gate import file_problem
+from models.common.weight_cache.marker import FileRecord
 from models.tt_cache.scan import VariantInfo
 
 
@@ -37,24 +38,30 @@ class VerifyResult:
                 "mib_per_s": round(self.bytes_read / 2**20 / self.seconds, 1) if self.seconds > 0 else None}
 
 
-def verify_variants(variants: Sequence[VariantInfo], threads: int = VERIFY_THREADS) -> list[VerifyResult]:
+def verify_variants(variants: Sequence[VariantInfo], threads: int = HASH_THREADS) -> list[VerifyResult]:
     """Re-hash every file the variants' markers record, ``threads`` files at once; a variant whose
     marker is invalid, or whose files are intact but which the gate refuses, has that as its problem."""
     start = time.perf_counter()
+    jobs = [(variant, record) for variant in variants if variant.marker is not None
+            for record in variant.marker.all_files()]
+
+    def check(job: tuple[VariantInfo, FileRecord]) -> tuple[str | None, float]:
+        problem = file_problem(job[0].cache_dir, job[1])
+        return problem, time.perf_counter() - start
+
+    checked: dict[int, list[tuple[str | None, float]]] = {id(variant): [] for variant in variants}
+    for (variant, _), outcome in zip(jobs, map_largest_first(check, jobs, [record.bytes for _, record in jobs], threads)):
+        checked[id(variant)].append(outcome)  # in the marker's order, whatever order they were hashed in
     results = []
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="verify") as pool:
-        jobs: list[tuple[VariantInfo, list[Future]]] = [
-            (variant, [] if variant.marker is None else
-             [pool.submit(file_problem, variant.cache_dir, record) for record in variant.marker.all_files()])
-            for variant in variants]
-        for variant, futures in jobs:
-            if variant.marker is None:
-                results.append(VerifyResult(variant.marker_file, (variant.reason,), 0, 0.0))
-                continue
-            problems = tuple(problem for future in futures if (problem := future.result()))
-            if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
-                problems = (variant.reason,)
-            results.append(VerifyResult(variant.marker_file, problems, variant.size_bytes, time.perf_counter() - start))
+    for variant in variants:
+        if variant.marker is None:
+            results.append(VerifyResult(variant.marker_file, (variant.reason,), 0, 0.0))
+            continue
+        problems = tuple(problem for problem, _ in checked[id(variant)] if problem)
+        if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
+            problems = (variant.reason,)
+        seconds = max((finished for _, finished in checked[id(variant)]), default=time.perf_counter() - start)
+        results.append(VerifyResult(variant.marker_file, problems, variant.size_bytes, seconds))
     return results
 
 

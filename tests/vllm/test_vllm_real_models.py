@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,14 +119,19 @@ def assert_started(proc: subprocess.CompletedProcess, report: dict | None) -> di
 
 
 @pytest.fixture(scope="module")
-def hub(source, tmp_path_factory) -> Path:
-    return copy_repo(source, tmp_path_factory.mktemp("hub-full"), weights=True)
+def hub(source, tmp_path_factory) -> Iterator[Path]:
+    """A full copy, weights included (a gigabyte for the 0.5B model): deleted when the model's tests end."""
+    destination = tmp_path_factory.mktemp("hub-full")
+    yield copy_repo(source, destination, weights=True)
+    shutil.rmtree(destination, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def deploy_hub(source, tmp_path_factory) -> Path:
+def deploy_hub(source, tmp_path_factory) -> Iterator[Path]:
     """A cache-only deploy: the snapshot's config and tokenizer, no weights."""
-    return copy_repo(source, tmp_path_factory.mktemp("hub-deploy"), weights=False)
+    destination = tmp_path_factory.mktemp("hub-deploy")
+    yield copy_repo(source, destination, weights=False)
+    shutil.rmtree(destination, ignore_errors=True)
 
 
 def prompt_ids_of(tokenizer, prompt: str, chat: bool) -> list[int]:

@@ -25,14 +25,13 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from loguru import logger
 
-from models.common.fileio import atomic_write_bytes
+from models.common.fileio import atomic_write_bytes, map_largest_first
 from models.common.weight_cache.generations import (
     Generation,
     LockState,
@@ -61,17 +60,13 @@ from models.common.weight_cache.marker import (
 from models.common.weight_cache.stamps import hash_stamped, settle_wait
 from models.common.weight_cache.usage import touch_last_used
 
-SEAL_THREADS = 4
-
-
 def seal_files(root: Path, relatives: Sequence[str], prefix: str = "") -> tuple[tuple[FileRecord, ...], int]:
     """Hash and stamp every file (several at once) once the newest has settled; returns the
     records (paths ``prefix + relative``) and the earliest moment a hash began (the marker's
     ``verified_ns``). A missing file raises ``OSError``."""
     files = [root / relative for relative in relatives]
     settle_wait(files)
-    with ThreadPoolExecutor(min(SEAL_THREADS, max(1, len(files))), thread_name_prefix="seal") as pool:
-        hashed = list(pool.map(hash_stamped, files))
+    hashed = map_largest_first(hash_stamped, files, [file.stat().st_size for file in files])
     records = tuple(FileRecord(prefix + relative, stamp.size, digest, stamp)
                     for relative, (stamp, digest, _) in zip(relatives, hashed))
     return records, min((verified for _, _, verified in hashed), default=0)

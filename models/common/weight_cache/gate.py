@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
 from loguru import logger
+
+from models.common.fileio import HASH_THREADS, map_largest_first
 
 from models.common.weight_cache.layout import (
     VariantPaths,
@@ -37,7 +38,6 @@ from models.common.weight_cache.usage import model_ids
 from models.common.weight_cache.stamps import COARSE_TICK_NS, FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
 
 DEFAULT_FORCE_ENV = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
-VERIFY_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -230,12 +230,14 @@ def file_problem(cache_dir: str | os.PathLike, record: FileRecord) -> str | None
 
 
 def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None, *,
-                        threads: int = VERIFY_THREADS) -> list[str]:
+                        threads: int = HASH_THREADS) -> list[str]:
     """Deep check: re-hash every recorded file, ``threads`` files at once (hashing releases the
     GIL). One line per file that differs (empty: intact)."""
     try:
         marker = read_marker(cache_dir, build_variant)
     except WeightCacheError as error:
         return [str(error)]
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="verify") as pool:
-        return [problem for problem in pool.map(lambda r: file_problem(cache_dir, r), marker.all_files()) if problem]
+    records = marker.all_files()
+    problems = map_largest_first(lambda record: file_problem(cache_dir, record), records,
+                                 [record.bytes for record in records], threads)
+    return [problem for problem in problems if problem]
