@@ -301,12 +301,18 @@ class WeightLoader(ABC):
         if self.prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
             prefetcher = Prefetcher(self.prefetch)
             prefetcher.add(self.cache_dir / record.path for record in marker.all_files())
-        state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
-        recorded = {build_relative(path, marker.generation): stamp for path, stamp in status.verified_stamps().items()}
         root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
-        cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
-        sink = WeightSink(cache, state, state.host_keys())
-        self.convert(sink, args)
+        try:
+            state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
+            recorded = {build_relative(path, marker.generation): stamp
+                        for path, stamp in status.verified_stamps().items()}
+            cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
+            sink = WeightSink(cache, state, state.host_keys())
+            self.convert(sink, args)
+        except BaseException:
+            if prefetcher is not None:
+                prefetcher.cancel()
+            raise
         touch_last_used(self.paths)
         if self.content_id is not None and marker.model_id != self.model_id:
             add_model_id(self.paths, self.model_id)  # the same weights under another name: findable cache-only

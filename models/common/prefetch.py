@@ -170,6 +170,17 @@ class Prefetcher:
         finally:
             os.close(sink)
 
+    def cancel(self) -> int:
+        """Drop the pieces not yet started (a warm load that failed: the cold build that follows
+        must not share the disk with reads of files it replaces); returns how many were dropped.
+        Pieces being read finish; ``wait`` then returns as soon as they have."""
+        with self._ready:
+            dropped = len(self._queue)
+            self._queue.clear()
+            self._outstanding -= dropped
+            self._ready.notify_all()
+        return dropped
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every piece added so far was read; False on timeout."""
         with self._ready:

@@ -251,3 +251,20 @@ def test_a_piece_past_the_end_of_a_shortened_file_ends_at_the_end(tmp_path):
     finally:
         os.close(sink)
     assert fully_cached(path)
+
+
+def test_cancel_drops_the_pieces_not_yet_started_and_wait_returns(tmp_path):
+    paths = []
+    for index in range(4):
+        path = tmp_path / f"weights-{index}.bin"
+        path.write_bytes(os.urandom(8 << 20))
+        paths.append(path)
+    prefetcher = Prefetcher(threads=1, piece_bytes=64 << 10)  # 512 small pieces on one thread
+    prefetcher.add(paths)
+    dropped = prefetcher.cancel()
+    assert dropped > 0 and not prefetcher._queue
+    assert prefetcher.wait(timeout=10)
+    assert prefetcher.bytes_read <= (32 << 20) - dropped * (64 << 10)
+    assert prefetcher.cancel() == 0  # nothing left: a second cancel is harmless
+    prefetcher.add(paths[:1])  # and the prefetcher still takes new work
+    assert prefetcher.wait(timeout=10) and not prefetcher.errors
