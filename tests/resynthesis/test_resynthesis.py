@@ -38,6 +38,17 @@ REPO = Path(__file__).resolve().parents[2]
 KILL_TRIALS = 20
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Every prefill of this module on one torch thread, as in the forked producers: the tests
+    compare stored features byte for byte with features computed here, and on some CPUs (AVX2
+    only, as on this machine) one and two threads differ in the last bits of float32 sums."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, object]:
     """Tiny llama and gemma3 checkpoints and their weight caches (built once per module)."""
@@ -144,7 +155,7 @@ def _fork(work, error_file: Path) -> int:
     if pid == 0:
         code = 0
         try:
-            torch.set_num_threads(1)
+            torch.set_num_threads(1)  # as the whole module (one_torch_thread)
             work()
         except BaseException:  # noqa: BLE001 - report everything to the parent
             error_file.write_text(traceback.format_exc())
