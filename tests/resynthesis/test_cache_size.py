@@ -9,7 +9,9 @@ from __future__ import annotations
 from models.common.prefill_cache.maintenance import summarize
 from models.testing.resynthesis_world import World, losses, report
 
-ARGS = ("--prompts", "8", "--min-tokens", "4", "--max-tokens", "12", "--epochs", "2", "--batch-size", "2")
+# One torch thread: losses are compared bit for bit across runs (automatic threads follow the load).
+ARGS = ("--prompts", "8", "--min-tokens", "4", "--max-tokens", "12", "--epochs", "2", "--batch-size", "2",
+        "--threads", "1")
 CAP = 12 * 1024  # about 4 tiny objects (2,875 bytes each)
 
 

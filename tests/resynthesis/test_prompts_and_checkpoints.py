@@ -15,7 +15,8 @@ import torch
 from models.resynthesis.waves import prompt_set_sha256
 from models.testing.resynthesis_world import World, losses, report
 
-SMALL = ("--min-tokens", "4", "--max-tokens", "12", "--batch-size", "2")
+# One torch thread: losses are compared bit for bit across runs (automatic threads follow the load).
+SMALL = ("--min-tokens", "4", "--max-tokens", "12", "--batch-size", "2", "--threads", "1")
 
 
 def _refused(done, *words: str) -> str:
