@@ -169,3 +169,15 @@ def test_build_durations_read_as_one_word(seconds, text):
     from models.tt_cache.humanize import format_duration
 
     assert format_duration(seconds) == text
+
+
+def test_a_cold_build_with_json_prints_one_document_and_native_logs_on_stderr(tmp_path):
+    """ttnn's C++ logger writes to file descriptor 1 when it opens the cluster (a bfloat8_b
+    conversion does) and at exit; with ``--json`` stdout is the document alone, so
+    ``tt-cache build --json | jq`` works."""
+    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+    out = tt_cache("build", str(checkpoint), "--precision", "bfloat8_b", "--json", env=cli_env(tmp_path / "cache"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    document = json.loads(out.stdout)  # the whole stdout: nothing before or after the document
+    assert document["outcome"] == "seeded" and document["ok"], document
+    assert "Cluster" in out.stderr  # the native logs went to stderr, not away
