@@ -204,14 +204,15 @@ CONTENT_DIGEST_ALGORITHM = "blake3"
 HASH_READ_BYTES = 1 << 20
 
 
-def _usable_cpus() -> int:
+def affinity_cpus() -> frozenset[int]:
+    """The CPUs this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return frozenset(range(os.cpu_count() or 1))
 
 
-HASH_THREADS = max(1, min(8, _usable_cpus()))  # files hashed at once: hashing is CPU-bound, one per core
+HASH_THREADS = max(1, min(8, len(affinity_cpus())))  # files hashed at once: hashing is CPU-bound, one per core
 
 
 def _hasher(algorithm: str) -> Any:

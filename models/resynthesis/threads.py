@@ -46,7 +46,7 @@ from typing import Final
 from loguru import logger
 
 from models.common import envs
-from models.common.fileio import file_lock, try_flock
+from models.common.fileio import affinity_cpus, file_lock, try_flock
 
 SHARE_DIR_ENV: Final = "TT_CPU_SHARE_DIR"
 IDLE, COMPUTING, WAITING = "idle", "computing", "waiting"  # a member's state (only computing takes CPUs)
@@ -54,14 +54,6 @@ MEMBER_SUFFIX: Final = ".member"
 _RECORD_MAX_BYTES: Final = 1 << 16
 _POLL_S: Final = 0.01
 _MAX_WAIT_S: Final = 30.0  # waiting for others to shrink; then run one thread anyway
-
-
-def affinity_cpus() -> frozenset[int]:
-    """The CPUs this process may run on."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return frozenset(range(os.cpu_count() or 1))
 
 
 def omp_threads(environ: dict[str, str] | None = None) -> int | None:

@@ -42,25 +42,25 @@ def verify_variants(variants: Sequence[VariantInfo], threads: int = HASH_THREADS
     """Re-hash every file the variants' markers record, ``threads`` files at once; a variant whose
     marker is invalid, or whose files are intact but which the gate refuses, has that as its problem."""
     start = time.perf_counter()
-    jobs = [(variant, record) for variant in variants if variant.marker is not None
+    jobs = [(index, variant.cache_dir, record) for index, variant in enumerate(variants) if variant.marker is not None
             for record in variant.marker.all_files()]
 
-    def check(job: tuple[VariantInfo, FileRecord]) -> tuple[str | None, float]:
-        problem = file_problem(job[0].cache_dir, job[1])
-        return problem, time.perf_counter() - start
+    def check(job: tuple[int, Path, FileRecord]) -> tuple[str | None, float]:
+        return file_problem(job[1], job[2]), time.perf_counter() - start
 
-    checked: dict[int, list[tuple[str | None, float]]] = {id(variant): [] for variant in variants}
-    for (variant, _), outcome in zip(jobs, map_largest_first(check, jobs, [record.bytes for _, record in jobs], threads)):
-        checked[id(variant)].append(outcome)  # in the marker's order, whatever order they were hashed in
+    outcomes = map_largest_first(check, jobs, [record.bytes for _, _, record in jobs], threads)
+    checked: list[list[tuple[str | None, float]]] = [[] for _ in variants]
+    for (index, _, _), outcome in zip(jobs, outcomes):
+        checked[index].append(outcome)  # in the marker's order, whatever order they were hashed in
     results = []
-    for variant in variants:
+    for variant, outcomes_of_variant in zip(variants, checked):
         if variant.marker is None:
             results.append(VerifyResult(variant.marker_file, (variant.reason,), 0, 0.0))
             continue
-        problems = tuple(problem for problem, _ in checked[id(variant)] if problem)
+        problems = tuple(problem for problem, _ in outcomes_of_variant if problem)
         if not problems and not variant.warm:  # files match, but the gate refuses the marker itself
             problems = (variant.reason,)
-        seconds = max((finished for _, finished in checked[id(variant)]), default=time.perf_counter() - start)
+        seconds = max((finished for _, finished in outcomes_of_variant), default=time.perf_counter() - start)
         results.append(VerifyResult(variant.marker_file, problems, variant.size_bytes, seconds))
     return results
 

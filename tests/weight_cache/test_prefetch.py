@@ -268,3 +268,29 @@ def test_cancel_drops_the_pieces_not_yet_started_and_wait_returns(tmp_path):
     assert prefetcher.cancel() == 0  # nothing left: a second cancel is harmless
     prefetcher.add(paths[:1])  # and the prefetcher still takes new work
     assert prefetcher.wait(timeout=10) and not prefetcher.errors
+
+
+def test_a_warm_load_that_fails_cancels_its_prefetch_and_builds_cold(tmp_path, monkeypatch):
+    """A cache file changed by someone else between the gate and the load: the warm load fails,
+    its prefetch is cancelled (the real ``cancel``, watched), and the loader rebuilds cold."""
+    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+    cls = loader_class("llama")
+    assert cls(checkpoint, cache_root=tmp_path / "cache").seed().complete
+    victim = max(cache_files(cls, checkpoint, tmp_path / "cache"), key=lambda path: path.stat().st_size)
+    real_add, real_cancel, cancelled = Prefetcher.add, Prefetcher.cancel, []
+
+    def add_then_change_a_file(self, paths):
+        real_add(self, paths)
+        data = bytearray(victim.read_bytes())  # the gate has passed: this is the window
+        data[-1] ^= 0xFF
+        victim.write_bytes(bytes(data))
+
+    def watched_cancel(self):
+        cancelled.append(real_cancel(self))
+        return cancelled[-1]
+
+    monkeypatch.setattr(Prefetcher, "add", add_then_change_a_file)
+    monkeypatch.setattr(Prefetcher, "cancel", watched_cancel)
+    rebuilt = cls(checkpoint, cache_root=tmp_path / "cache", prefetch=2).load()
+    assert len(cancelled) == 1
+    assert not rebuilt.warm and rebuilt.prefetch is None

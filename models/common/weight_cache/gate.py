@@ -25,7 +25,6 @@ from typing import Any
 from loguru import logger
 
 from models.common.fileio import HASH_THREADS, map_largest_first
-
 from models.common.weight_cache.layout import (
     VariantPaths,
     canonical_variant,
