@@ -40,6 +40,8 @@ from models.common import envs
 DEFAULT_THREADS = 4  # as many streams as the parallel-read floor's readers (docs/seeding.md)
 PIECE_BYTES = 16 << 20  # pieces near the consumer: 64 MiB ones let it overtake them (docs/seeding.md)
 HEAD_BYTES = 256 << 10  # more than a tensorbin's header and the first pages a mapping touches
+READ_BYTES = 1 << 20  # the buffer of the plain-read fallback
+_SMALLEST_WINDOW = 128 << 10  # a device's default readahead window, the most one WILLNEED reads
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _NO_SENDFILE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
 
@@ -83,7 +85,8 @@ def read_head(path: str) -> int:
     threads read, nor starts a read-around window of its own for each file."""
     fd = _open_regular(path)
     try:
-        os.posix_fadvise(fd, 0, HEAD_BYTES, os.POSIX_FADV_WILLNEED)
+        for offset in range(0, HEAD_BYTES, _SMALLEST_WINDOW):  # the kernel reads one window per call
+            os.posix_fadvise(fd, offset, _SMALLEST_WINDOW, os.POSIX_FADV_WILLNEED)
         return os.fstat(fd).st_size
     finally:
         os.close(fd)
@@ -92,7 +95,8 @@ def read_head(path: str) -> int:
 def read_ahead(path: str, offset: int, length: int, sink: int) -> None:
     """Read ``length`` bytes of ``path`` at ``offset`` into the page cache without copying them
     to user space (``sendfile`` to ``sink``, an open ``/dev/null``); a file system that cannot
-    splice gets ``posix_fadvise(WILLNEED)``, one readahead window per call."""
+    splice gets plain reads (``posix_fadvise(WILLNEED)`` would read one readahead window of the
+    piece, 128 KiB on a default device, and return before even that is read)."""
     fd = _open_regular(path)
     try:
         if is_cached(fd, offset, length):
@@ -104,13 +108,24 @@ def read_ahead(path: str, offset: int, length: int, sink: int) -> None:
             except OSError as error:
                 if error.errno not in _NO_SENDFILE:
                     raise
-                os.posix_fadvise(fd, offset, end - offset, os.POSIX_FADV_WILLNEED)
+                _read_through(fd, offset, end)
                 return
             if sent == 0:  # the file got shorter: nothing left to read
                 return
             offset += sent
     finally:
         os.close(fd)
+
+
+def _read_through(fd: int, offset: int, end: int) -> None:
+    """Read ``[offset, end)`` of ``fd`` into one reused buffer: the bytes are thrown away, the
+    page cache keeps them."""
+    buffer = memoryview(bytearray(min(READ_BYTES, end - offset)))
+    while offset < end:
+        count = os.preadv(fd, [buffer[: end - offset]], offset)
+        if count == 0:  # the file got shorter: nothing left to read
+            return
+        offset += count
 
 
 class Prefetcher:
