@@ -9,7 +9,6 @@ import errno
 import gc
 import mmap
 import os
-import time
 from pathlib import Path
 
 import pytest
