@@ -33,15 +33,21 @@ def is_default_model(model: KnownModel) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "real_models" in (config.option.markexpr or ""):
-        return
-    keep, drop = [], []
+    """Marks the tests of the models outside ``requirements.txt`` ``on_demand`` (this hook runs
+    before ``-m`` selects: CI's real-model suite runs ``-m "real_models and (on_demand or slow)"``,
+    the tests the default suite did not run) and deselects them unless ``-m`` names ``real_models``."""
+    on_demand = []
     for item in items:
         marker = item.get_closest_marker("real_models")
-        named = marker is not None and marker.args and not is_default_model(known_model(marker.args[0]))
-        (drop if named else keep).append(item)
+        if marker is not None and marker.args and not is_default_model(known_model(marker.args[0])):
+            item.add_marker(pytest.mark.on_demand)
+            on_demand.append(item)
+    if "real_models" in (config.option.markexpr or ""):
+        return
+    drop = set(on_demand)
+    keep = [item for item in items if item not in drop]
     if drop:
-        config.hook.pytest_deselected(items=drop)
+        config.hook.pytest_deselected(items=on_demand)
         items[:] = keep
 
 

@@ -285,6 +285,16 @@ print("READER", json.dumps({"loads": loads, "warm": warm, "wrong": wrong}), flus
 """
 
 
+RESEED = """
+import sys
+from models.llama import LlamaLoader
+for _ in range(int(sys.argv[2])):  # TT_TRANSFORMERS_FORCE_MODEL_LOAD=1: each load is a cold rebuild
+    loaded = LlamaLoader(sys.argv[1], precision="bfloat16").load()
+    assert not loaded.warm
+    print("BUILT", flush=True)
+"""
+
+
 def test_readers_stay_warm_and_right_while_another_process_reseeds(twins, references, cache_root, tmp_path):
     LlamaLoader(twins["llama"], precision="bfloat16").load()
     reference_file = tmp_path / "reference.pt"
@@ -296,9 +306,9 @@ def test_readers_stay_warm_and_right_while_another_process_reseeds(twins, refere
     forced = dict(env, TT_TRANSFORMERS_FORCE_MODEL_LOAD="1")
     try:
         assert reader.stdout.readline().strip() == "STARTED"
-        for _ in range(10):
-            subprocess.run([sys.executable, "-c", BUILD, str(twins["llama"])], env=forced, cwd=REPO_ROOT,
-                           check=True, capture_output=True, timeout=300)
+        reseeds = subprocess.run([sys.executable, "-c", RESEED, str(twins["llama"]), "10"], env=forced,
+                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        assert reseeds.returncode == 0 and reseeds.stdout.split().count("BUILT") == 10, reseeds.stderr[-3000:]
     finally:
         stop.touch()
     out, err = reader.communicate(timeout=300)
