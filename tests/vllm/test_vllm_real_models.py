@@ -33,6 +33,7 @@ class RealModel:
     name: str  # in models/demos/real_models/known.py
     hub_id: str  # what LLM(model=...) is given
     chat: bool  # instruct models: prompts go through llm.chat and the model's chat template
+    refusals: bool = False  # also the refusals, which no model changes: checked on one real model
 
     def prepare(self) -> Path:
         """The prepared hub snapshot directory (models--org--name/snapshots/<rev>)."""
@@ -41,7 +42,7 @@ class RealModel:
 
 REAL_MODELS = [
     RealModel("gemma3-270m", "google/gemma-3-270m", chat=False),
-    RealModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True),
+    RealModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True, refusals=True),
     RealModel("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", chat=True),
 ]
 PROMPTS = [  # four lengths, one batch
@@ -192,17 +193,25 @@ def zero_tensor_data(path: Path) -> None:
             remaining -= file.write(block[: min(remaining, len(block))])
 
 
-def test_a_fresh_copy_starts_warm_and_a_tampered_one_never_gets_the_cache(real_model, source, cold_start, bf16_cache,
-                                                                          transformers_reference, tmp_path):
-    """A fresh copy of the weights is verified once and served by the warm cache; a copy whose
-    blobs hold zeros under the genuine names is other weights, so it never gets the cache's."""
+def skip_unless_refusals(model: RealModel) -> None:
+    if not model.refusals:
+        pytest.skip("a refusal no model changes: checked on " + next(m.name for m in REAL_MODELS if m.refusals))
+
+
+def test_a_fresh_copy_starts_warm(real_model, source, cold_start, bf16_cache, transformers_reference, tmp_path):
+    """A fresh copy of the weights is verified once and served by the warm cache."""
     hub = copy_repo(source, tmp_path / "fresh", weights=True)
     proc, report = start(real_model, hub_env(hub, bf16_cache), tmp_path / "fresh.json")
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is True, report["startup"]
     assert_greedy(report, transformers_reference["tokens"])
-    genuine_cache = report["startup"]["cache_dir"]
 
+
+def test_a_tampered_copy_never_gets_the_cache(real_model, source, cold_start, bf16_cache, tmp_path):
+    """A copy whose blobs hold zeros under the genuine names is other weights: it never gets the
+    cache of the genuine ones."""
+    skip_unless_refusals(real_model)
+    genuine_cache = cold_start["startup"]["cache_dir"]
     tampered = copy_repo(source, tmp_path / "tampered", weights=True)
     for weights in weight_files(snapshot_of(tampered)):
         zero_tensor_data(weights.resolve())
@@ -225,6 +234,7 @@ def test_cache_only_deploy_starts_and_generates(real_model, cold_start, deploy_h
 
 
 def test_cold_cache_without_weights_is_a_clear_error(real_model, deploy_hub, tmp_path):
+    skip_unless_refusals(real_model)
     proc, report = start(real_model, hub_env(deploy_hub, tmp_path / "empty-cache"), tmp_path / "report.json")
     assert proc.returncode == 1 and report is None
     assert "no warm ttnn cache" in proc.stderr and "no checkpoint weights" in proc.stderr
