@@ -15,8 +15,8 @@ import pytest
 import torch
 import ttnn
 
-from models.common.weight_cache.marker import read_marker
 from models.common.prefetch import DEFAULT_THREADS, Prefetcher, prefetch_threads
+from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import loader_class
 from models.testing.tiny_models import make_checkpoint

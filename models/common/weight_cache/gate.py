@@ -33,8 +33,8 @@ from models.common.weight_cache.layout import (
     variant_unverifiable,
 )
 from models.common.weight_cache.marker import FileRecord, WeightCacheError, WeightCacheMarker, read_marker
-from models.common.weight_cache.usage import model_ids
 from models.common.weight_cache.stamps import COARSE_TICK_NS, FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
+from models.common.weight_cache.usage import model_ids
 
 DEFAULT_FORCE_ENV = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
 
