@@ -14,24 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.common import envs
+from models.common.units import format_bytes
 from models.seeding.report import SeedReport
 
 SUMMARY_HEADER = ("| variants | warm | cold | built | failed | cache size | bytes written | seconds saved |\n"
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 CASES_HEADER = ("| variant | outcome | seconds | cold build seconds | size | reason |\n"
                 "| --- | --- | ---: | ---: | ---: | --- |")
-
-
-def format_bytes(nbytes: int) -> str:
-    """Binary units, one decimal: ``0 B``, ``974.2 KiB``, ``1.4 GiB``."""
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    value = float(nbytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
 
 
 def _cell(text: str) -> str:

@@ -117,7 +117,8 @@ def table(rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from models.tt_cache.humanize import format_age, format_duration, format_size
+    from models.common.units import format_size
+    from models.tt_cache.humanize import format_age, format_duration
     from models.tt_cache.scan import scan_leftovers, scan_root
 
     start = time.perf_counter()
@@ -258,8 +259,9 @@ def _kept_by_plans(plans: Sequence[str], root: Path) -> set[Path]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from models.common.units import format_size, parse_size
     from models.tt_cache.gc import collect_garbage, plan_eviction
-    from models.tt_cache.humanize import format_size, parse_duration, parse_size
+    from models.tt_cache.humanize import parse_duration
 
     root = existing_dir(args.root) if args.root else default_cache_root()
     try:

@@ -1,23 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Sizes and durations for people, and back: ``500G``, ``30d``, ``3 minutes ago``."""
+"""Durations for people, and back: ``30d``, ``12m05s``, ``3 minutes ago`` (sizes: ``models.common.units``)."""
 
 from __future__ import annotations
 
 import re
 import time
 
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?", re.IGNORECASE)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"500G"``, ``"1.5T"``, ``"200MiB"``, ``"4096"`` as bytes (binary units, like ``du -h``)."""
-    match = _SIZE.fullmatch(text.strip())
-    if not match:
-        raise ValueError(f"size {text!r}: expected a number with an optional K/M/G/T/P unit, e.g. 500G")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
 
 
 def parse_duration(text: str) -> float:
@@ -26,15 +16,6 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"duration {text!r}: expected a number with a unit s/m/h/d/w, e.g. 30d")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
-
-
-def format_size(nbytes: float) -> str:
-    """``hf cache scan`` style: ``843.2M``, ``1.4G``."""
-    for unit in ("", "K", "M", "G", "T"):
-        if abs(nbytes) < 1000 or unit == "T":
-            return f"{nbytes:.0f}" if unit == "" else f"{nbytes:.1f}{unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f}P"
 
 
 def format_duration(seconds: float | None) -> str:

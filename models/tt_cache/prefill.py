@@ -33,10 +33,10 @@ from models.common.prefill_cache.maintenance import (
     gc,
     list_objects,
     max_bytes_from_env,
-    parse_size,
     summarize,
     verify,
 )
+from models.common.units import format_bytes, parse_size
 
 T = TypeVar("T")
 
@@ -73,22 +73,19 @@ def _emit(args: argparse.Namespace, payload: dict[str, object], lines: list[str]
         print("\n".join(lines))
 
 
-def _size(n: float) -> str:
-    return f"{n / (1 << 20):,.2f} MiB" if n >= 1 << 20 else f"{n:,.0f} B"
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
     read = _read_root(args, lambda root: (infos := list_objects(root), summarize(root, infos=infos)))
     if isinstance(read, str):
         return _fail(args, read)
     _, (infos, summary) = read
-    lines = [f"{i.sha256[:16]}  {i.state:9}  {_size(i.bytes):>12}  {i.feature_dtype or '-':8}  "
+    lines = [f"{i.sha256[:16]}  {i.state:9}  {format_bytes(i.bytes):>12}  {i.feature_dtype or '-':8}  "
              f"{(i.schema or '-').rsplit('.', 1)[-1]}{'  legacy' if i.legacy else ''}"
              f"{'  ' + i.problem if i.problem else ''}" for i in infos]
     per_sample = "-" if summary.bytes_per_sample is None else f"{summary.bytes_per_sample:,.0f} B"
     cap = "no size cap" if summary.max_bytes is None else (
-        f"cap {_size(summary.max_bytes)}{' (OVER)' if summary.over_cap else ''}")
-    lines.append(f"{summary.objects} objects, {_size(summary.bytes)} ({_size(summary.debris_bytes)} debris), "
+        f"cap {format_bytes(summary.max_bytes)}{' (OVER)' if summary.over_cap else ''}")
+    lines.append(f"{summary.objects} objects, {format_bytes(summary.bytes)} "
+                 f"({format_bytes(summary.debris_bytes)} debris), "
                  f"{per_sample} per sample, {cap}; {summary.legacy} legacy, states {summary.states}")
     _emit(args, {**summary.to_json(), "entries": [i.to_json() for i in infos]}, lines)
     return EXIT_OK
@@ -119,10 +116,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return _fail(args, read)
     root, result = read
     verb = "would remove" if result.dry_run else "removed"
-    cap = "" if max_bytes is None else f", {result.evicted_objects} least recently used beyond {_size(max_bytes)}"
+    cap = "" if max_bytes is None else (
+        f", {result.evicted_objects} least recently used beyond {format_bytes(max_bytes)}")
     _emit(args, {"root": str(root), "max_bytes": max_bytes, **result.to_json()},
-          [f"{verb} {result.removed_files} files ({_size(result.removed_bytes)}), {result.removed_objects} objects"
-           f"{cap}; {_size(result.bytes_before)} -> {_size(result.bytes_after)}; {result.skipped_live} objects "
+          [f"{verb} {result.removed_files} files ({format_bytes(result.removed_bytes)}), "
+           f"{result.removed_objects} objects{cap}; {format_bytes(result.bytes_before)} -> "
+           f"{format_bytes(result.bytes_after)}; {result.skipped_live} objects "
            "have a live writer or producer and were left alone"])
     return EXIT_OK
 

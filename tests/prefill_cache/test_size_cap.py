@@ -23,12 +23,12 @@ from models.common.prefill_cache.maintenance import (
     gc,
     list_objects,
     max_bytes_from_env,
-    parse_size,
     summarize,
 )
 from models.common.prefill_cache.usage import USES
-from models.tt_cache.prefill import main as tt_cache
+from models.common.units import parse_size
 from models.testing.prefill_factories import row, same_bytes
+from models.tt_cache.prefill import main as tt_cache
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = 8

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -48,19 +47,10 @@ from models.common.prefill_cache.layout import (
     specs_of_authority,
 )
 from models.common.prefill_cache.usage import last_used
+from models.common.units import parse_size
 
 DAY_S = 86_400.0
 MAX_SIZE_ENV: Final = "TT_PREFILL_CACHE_MAX_SIZE"
-_SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE: Final = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"20G"``, ``"1.5T"``, ``"500MiB"``, ``"4096"`` as bytes (binary units, as ``du -h``)."""
-    match = _SIZE.fullmatch(str(text).strip())
-    if not match:
-        raise ValueError(f"size {text!r}: expected a number with an optional K/M/G/T unit, e.g. 20G")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
 
 
 def max_bytes_from_env(environ: dict[str, str] | None = None) -> int | None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common.device_env import ensure_host_cluster
+from models.common.units import format_bytes
 
 ensure_host_cluster()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -111,7 +112,8 @@ def resolve_model(name: str) -> Path | str:
 
 def _check_sizes(args: argparse.Namespace) -> int | None:
     """The prefill cache's size cap; BadInput for sizes that make no sense."""
-    from models.common.prefill_cache.maintenance import max_bytes_from_env, parse_size
+    from models.common.prefill_cache.maintenance import max_bytes_from_env
+    from models.common.units import parse_size
 
     if args.epochs < 1 or args.batch_size < 1 or not 1 <= args.min_tokens <= args.max_tokens:
         raise BadInput("--epochs, --batch-size must be >= 1 and 1 <= --min-tokens <= --max-tokens")
@@ -167,10 +169,6 @@ def load_prompts(args: argparse.Namespace, model: Path | str, parent: Any) -> tu
     return prompts, f"{kind} prompts of {args.min_tokens}-{args.max_tokens} tokens"
 
 
-def _size(n: float) -> str:
-    return f"{n / (1 << 20):,.2f} MiB" if n >= 1 << 20 else f"{n / 1024:,.1f} KiB" if n >= 1024 else f"{n:,.0f} B"
-
-
 def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str, Any], list[str]]:
     """What the prefill cache holds for this run, for the JSON report and the closing lines."""
     from models.common.prefill_cache import FrozenBackboneCacheError
@@ -196,14 +194,15 @@ def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str
                               "feature_bytes_per_sample": feature_bytes / run_objects if run_objects else None}
     lines = []
     if run_objects:
-        lines.append(f"prefill cache: {run_objects} of this run's {len(prompts)} prompts stored, {_size(run_bytes)}: "
+        lines.append(f"prefill cache: {run_objects} of this run's {len(prompts)} prompts stored, "
+                     f"{format_bytes(run_bytes)}: "
                      f"{per_sample:,.0f} bytes per sample, of which {feature_bytes / run_objects:,.0f} "
                      f"{producer.feature_dtype} features")
     try:
         root = summarize(producer.cache_root, max_bytes=storage.max_bytes)
         report["summary"] = root.to_json()
-        cap = f" of a {_size(root.max_bytes)} cap" if root.max_bytes is not None else ""
-        lines.append(f"prefill cache {root.root}: {root.objects} objects, {_size(root.bytes)}{cap}"
+        cap = f" of a {format_bytes(root.max_bytes)} cap" if root.max_bytes is not None else ""
+        lines.append(f"prefill cache {root.root}: {root.objects} objects, {format_bytes(root.bytes)}{cap}"
                      f"{f'; {storage.evicted} evicted by this run' if storage.evicted else ''}")
     except (FrozenBackboneCacheError, OSError) as error:
         lines.append(f"prefill cache {producer.cache_root}: cannot be listed: {error}")
@@ -243,7 +242,7 @@ def run(args: argparse.Namespace, max_bytes: int | None, threads: Any) -> tuple[
     from models.common.checkpoint import CheckpointError
     from models.common.loader import default_cache_root
     from models.common.weight_cache.layout import CacheRoot
-    from models.demos.resynthesis.train import ChildCheckpointError, Trainer, TrainConfig
+    from models.demos.resynthesis.train import ChildCheckpointError, TrainConfig, Trainer
     from models.resynthesis.parent import FrozenParent
     from models.resynthesis.source import ParentFeatureSource
     from models.resynthesis.waves import FeatureProducer
@@ -257,7 +256,7 @@ def run(args: argparse.Namespace, max_bytes: int | None, threads: Any) -> tuple[
           f"load in {parent.loaded.seconds:.2f} s), weights sha256 {parent.identity.weights_sha256[:16]}...")
     prompts, kind = load_prompts(args, model, parent)
     prefill_root = args.prefill_cache or CacheRoot(Path(args.weight_cache or default_cache_root())).prefill_dir
-    cap = f", cap {_size(max_bytes)}" if max_bytes is not None else ""
+    cap = f", cap {format_bytes(max_bytes)}" if max_bytes is not None else ""
     print(f"prompts: {len(prompts)} {kind}; prefill cache {'off' if args.no_cache else str(prefill_root) + cap}; "
           f"threads {'auto' if args.threads is None else args.threads} (cap {threads.cap} of "
           f"{len(threads.cpus)} CPUs)")
