@@ -33,7 +33,7 @@ class RealModel:
     name: str  # in models/demos/real_models/known.py
     hub_id: str  # what LLM(model=...) is given
     chat: bool  # instruct models: prompts go through llm.chat and the model's chat template
-    refusals: bool = False  # also the refusals, which no model changes: checked on one real model
+    once: bool = False  # also the cases run on one real model only: the refusals and the bfloat8_b start
 
     def prepare(self) -> Path:
         """The prepared hub snapshot directory (models--org--name/snapshots/<rev>)."""
@@ -42,7 +42,7 @@ class RealModel:
 
 REAL_MODELS = [
     RealModel("gemma3-270m", "google/gemma-3-270m", chat=False),
-    RealModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True, refusals=True),
+    RealModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", chat=True, once=True),
     RealModel("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", chat=True),
 ]
 PROMPTS = [  # four lengths, one batch
@@ -193,9 +193,10 @@ def zero_tensor_data(path: Path) -> None:
             remaining -= file.write(block[: min(remaining, len(block))])
 
 
-def skip_unless_refusals(model: RealModel) -> None:
-    if not model.refusals:
-        pytest.skip("a refusal no model changes: checked on " + next(m.name for m in REAL_MODELS if m.refusals))
+def skip_unless_once(model: RealModel, why: str) -> None:
+    """Cases run on one real model: each start is a fresh vLLM process (45-95 s here)."""
+    if not model.once:
+        pytest.skip(f"{why}: checked on {next(m.name for m in REAL_MODELS if m.once)}")
 
 
 def test_a_fresh_copy_starts_warm(real_model, source, cold_start, bf16_cache, transformers_reference, tmp_path):
@@ -210,7 +211,7 @@ def test_a_fresh_copy_starts_warm(real_model, source, cold_start, bf16_cache, tr
 def test_a_tampered_copy_never_gets_the_cache(real_model, source, cold_start, bf16_cache, tmp_path):
     """A copy whose blobs hold zeros under the genuine names is other weights: it never gets the
     cache of the genuine ones."""
-    skip_unless_refusals(real_model)
+    skip_unless_once(real_model, "a refusal no model changes")
     genuine_cache = cold_start["startup"]["cache_dir"]
     tampered = copy_repo(source, tmp_path / "tampered", weights=True)
     for weights in weight_files(snapshot_of(tampered)):
@@ -234,7 +235,7 @@ def test_cache_only_deploy_starts_and_generates(real_model, cold_start, deploy_h
 
 
 def test_cold_cache_without_weights_is_a_clear_error(real_model, deploy_hub, tmp_path):
-    skip_unless_refusals(real_model)
+    skip_unless_once(real_model, "a refusal no model changes")
     proc, report = start(real_model, hub_env(deploy_hub, tmp_path / "empty-cache"), tmp_path / "report.json")
     assert proc.returncode == 1 and report is None
     assert "no warm ttnn cache" in proc.stderr and "no checkpoint weights" in proc.stderr
@@ -242,6 +243,7 @@ def test_cold_cache_without_weights_is_a_clear_error(real_model, deploy_hub, tmp
 
 
 def test_bfloat8_b_first_token_agrees_and_logits_pcc(real_model, hub, transformers_reference, tmp_path, monkeypatch):
+    skip_unless_once(real_model, "the block-float path of the plugin; every model's bfloat8_b parity: tests/real_models")
     cache = tmp_path / "tt-cache-bf8"
     proc, report = start(real_model, hub_env(hub, cache), tmp_path / "report.json", precision="bfloat8_b")
     report = assert_started(proc, report)
