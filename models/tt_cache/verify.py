@@ -42,15 +42,16 @@ def verify_variants(variants: Sequence[VariantInfo], threads: int = HASH_THREADS
     """Re-hash every file the variants' markers record, ``threads`` files at once; a variant whose
     marker is invalid, or whose files are intact but which the gate refuses, has that as its problem."""
     start = time.perf_counter()
-    jobs = [(index, variant.cache_dir, record) for index, variant in enumerate(variants) if variant.marker is not None
+    jobs = [(index, record) for index, variant in enumerate(variants) if variant.marker is not None
             for record in variant.marker.all_files()]
 
-    def check(job: tuple[int, Path, FileRecord]) -> tuple[str | None, float]:
-        return file_problem(job[1], job[2]), time.perf_counter() - start
+    def check(job: tuple[int, FileRecord]) -> tuple[str | None, float]:
+        index, record = job
+        return file_problem(variants[index].cache_dir, record), time.perf_counter() - start
 
-    outcomes = map_largest_first(check, jobs, [record.bytes for _, _, record in jobs], threads)
+    outcomes = map_largest_first(check, jobs, [record.bytes for _, record in jobs], threads)
     checked: list[list[tuple[str | None, float]]] = [[] for _ in variants]
-    for (index, _, _), outcome in zip(jobs, outcomes):
+    for (index, _), outcome in zip(jobs, outcomes):
         checked[index].append(outcome)  # in the marker's order, whatever order they were hashed in
     results = []
     for variant, outcomes_of_variant in zip(variants, checked):

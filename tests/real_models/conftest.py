@@ -33,22 +33,17 @@ def is_default_model(model: KnownModel) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the tests of the models outside ``requirements.txt`` ``on_demand`` (this hook runs
-    before ``-m`` selects: CI's real-model suite runs ``-m "real_models and (on_demand or slow)"``,
-    the tests the default suite did not run) and deselects them unless ``-m`` names ``real_models``."""
-    on_demand = []
-    for item in items:
-        marker = item.get_closest_marker("real_models")
-        if marker is not None and marker.args and not is_default_model(known_model(marker.args[0])):
-            item.add_marker(pytest.mark.on_demand)
-            on_demand.append(item)
-    if "real_models" in (config.option.markexpr or ""):
-        return
-    drop = set(on_demand)
-    keep = [item for item in items if item not in drop]
-    if drop:
+    """Marks the tests of the models outside ``requirements.txt`` ``on_demand``, and deselects them
+    unless ``-m`` names ``real_models``. This hook runs before ``-m`` selects, so CI's real-model
+    suite can run ``-m "real_models and (on_demand or slow)"``: the tests the default suite did not."""
+    on_demand = [item for item in items if (marker := item.get_closest_marker("real_models")) is not None
+                 and marker.args and not is_default_model(known_model(marker.args[0]))]
+    for item in on_demand:
+        item.add_marker(pytest.mark.on_demand)
+    if on_demand and "real_models" not in (config.option.markexpr or ""):
         config.hook.pytest_deselected(items=on_demand)
-        items[:] = keep
+        dropped = set(on_demand)
+        items[:] = [item for item in items if item not in dropped]
 
 
 @pytest.fixture(autouse=True, scope="package")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from models.common.weight_cache.identity import content_id
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.stamps import FINE_TICK_NS, FileStamp, StampIndex
 from models.llama import LlamaLoader
+from models.testing.fixtures import loop_ext4
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint, tensors_of
 
 
@@ -174,19 +174,8 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_a_clear_error(models, 
 def coarse_clock_dir(tmp_path) -> Path:
     """A real file system with a one-second clock (ext4 with 128-byte inodes keeps whole seconds,
     as FAT and many NFS servers do), loop-mounted; skipped where mounting is not allowed."""
-    image = tmp_path / "coarse.img"
-    with open(image, "wb") as stream:
-        stream.truncate(64 << 20)
-    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-I", "128", str(image)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 is not usable here: {made.stderr.strip()}")
-    mount_point = tmp_path / "coarse"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot loop-mount here (needs root with CAP_SYS_ADMIN): {mounted.stderr.strip()}")
-    yield mount_point
-    subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+    with loop_ext4(tmp_path, mkfs_options=("-I", "128")) as mount_point:
+        yield mount_point
 
 
 def test_a_same_size_rewrite_within_one_clock_tick_is_not_missed(models, tmp_path, cache_root, coarse_clock_dir):

@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from models.common.checkpoint import CheckpointError
-from models.common.weight_cache.marker import build_relative, marker_path, read_marker
 from models.common.mesh import parse_mesh_shape
-from models.common.weight_cache.tensor_cache import TensorCache
 from models.common.weight_cache import (
     WeightCacheError,
     build_cached_state_dict,
     placeholder,
 )
+from models.common.weight_cache.marker import build_relative, marker_path, read_marker
+from models.common.weight_cache.tensor_cache import TensorCache
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint, tensors_of
@@ -81,8 +81,9 @@ def test_same_folder_name_of_two_weights_of_one_family_never_shares_a_cache(twin
 BUILD = """
 import sys
 from models.llama import LlamaLoader
-loaded = LlamaLoader(sys.argv[1], precision="bfloat16").load()
-print("BUILT", "warm" if loaded.warm else "cold", flush=True)
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 1):  # argv[2]: loads, one after another
+    loaded = LlamaLoader(sys.argv[1], precision="bfloat16").load()
+    print("BUILT", "warm" if loaded.warm else "cold", flush=True)
 """
 
 
@@ -285,16 +286,6 @@ print("READER", json.dumps({"loads": loads, "warm": warm, "wrong": wrong}), flus
 """
 
 
-RESEED = """
-import sys
-from models.llama import LlamaLoader
-for _ in range(int(sys.argv[2])):  # TT_TRANSFORMERS_FORCE_MODEL_LOAD=1: each load is a cold rebuild
-    loaded = LlamaLoader(sys.argv[1], precision="bfloat16").load()
-    assert not loaded.warm
-    print("BUILT", flush=True)
-"""
-
-
 def test_readers_stay_warm_and_right_while_another_process_reseeds(twins, references, cache_root, tmp_path):
     LlamaLoader(twins["llama"], precision="bfloat16").load()
     reference_file = tmp_path / "reference.pt"
@@ -306,9 +297,9 @@ def test_readers_stay_warm_and_right_while_another_process_reseeds(twins, refere
     forced = dict(env, TT_TRANSFORMERS_FORCE_MODEL_LOAD="1")
     try:
         assert reader.stdout.readline().strip() == "STARTED"
-        reseeds = subprocess.run([sys.executable, "-c", RESEED, str(twins["llama"]), "10"], env=forced,
-                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-        assert reseeds.returncode == 0 and reseeds.stdout.split().count("BUILT") == 10, reseeds.stderr[-3000:]
+        reseeds = subprocess.run([sys.executable, "-c", BUILD, str(twins["llama"]), "10"], env=forced,
+                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)  # ten cold rebuilds
+        assert reseeds.returncode == 0 and reseeds.stdout.count("BUILT cold") == 10, reseeds.stderr[-3000:]
     finally:
         stop.touch()
     out, err = reader.communicate(timeout=300)

@@ -9,16 +9,19 @@ import errno
 import gc
 import mmap
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import ttnn
 
-from models.common.prefetch import DEFAULT_THREADS, Prefetcher, prefetch_threads
+from models.common.prefetch import DEFAULT_THREADS, HEAD_BYTES, Prefetcher, prefetch_threads, read_head
 from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import loader_class
+from models.testing.fixtures import loop_ext4
 from models.testing.tiny_models import make_checkpoint
 
 
@@ -234,6 +237,26 @@ def test_a_file_system_that_cannot_splice_gets_the_whole_piece_read_by_plain_rea
     prefetcher.add([path])
     assert prefetcher.wait(timeout=30) and not prefetcher.errors and prefetcher.bytes_read == 32 << 20
     assert fully_cached(path), "the fallback left pages of the piece unread"
+
+
+@pytest.fixture
+def default_readahead_dir(tmp_path) -> Iterator[Path]:
+    """A file system on a device with the kernel's default readahead window (128 KiB) and 64 KiB
+    requests: one ``POSIX_FADV_WILLNEED`` reads at most 128 KiB there (8 MiB on this machine's disk)."""
+    with loop_ext4(tmp_path, queue={"read_ahead_kb": 128, "max_sectors_kb": 64}) as mount_point:
+        yield mount_point
+
+
+def test_the_head_pass_reads_the_whole_head_on_a_default_readahead_device(default_readahead_dir):
+    path = default_readahead_dir / "weights.tensorbin"
+    path.write_bytes(os.urandom(1 << 20))
+    evicted_or_skip([path])
+    assert read_head(str(path)) == 1 << 20
+    head_pages = HEAD_BYTES // mmap.PAGESIZE
+    deadline = time.monotonic() + 10  # advice queues the reads; they finish in the background
+    while not all(resident(path)[:head_pages]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(resident(path)[:head_pages]), f"the head pass read {sum(resident(path)[:head_pages])} of {head_pages} pages"
 
 
 def test_a_piece_past_the_end_of_a_shortened_file_ends_at_the_end(tmp_path):
