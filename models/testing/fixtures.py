@@ -8,7 +8,6 @@ model of :mod:`models.testing.weight_cache_seeder`.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import json
@@ -114,38 +113,6 @@ def readonly_view() -> Iterator[Callable[[Path], Path]]:
             # still busy (a module-level memo may map a file): detach now, the kernel frees it later
             subprocess.run(["umount", "--lazy", str(target)], check=True)
     shutil.rmtree(holder)
-
-
-@contextlib.contextmanager
-def loop_ext4(directory: Path, *, mkfs_options: tuple[str, ...] = (), queue: dict[str, int] | None = None,
-              size: int = 64 << 20) -> Iterator[Path]:
-    """A real ext4 of its own: an image in ``directory`` on a loop device, mounted at
-    ``directory / "mnt"``; ``queue``: the device's block-queue settings (``read_ahead_kb``, ...).
-    Skips the test where loop devices or mounting are not allowed (root with CAP_SYS_ADMIN)."""
-    image = directory / "ext4.img"
-    with open(image, "wb") as stream:
-        stream.truncate(size)
-    made = subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_options, str(image)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 is not usable here: {made.stderr.strip()}")
-    attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
-    if attached.returncode != 0:
-        pytest.skip(f"cannot attach a loop device here (needs root): {attached.stderr.strip()}")
-    device = attached.stdout.strip()
-    mount_point = directory / "mnt"
-    try:
-        for name, value in (queue or {}).items():
-            (Path("/sys/block") / Path(device).name / "queue" / name).write_text(str(value))
-        mount_point.mkdir()
-        mounted = subprocess.run(["mount", device, str(mount_point)], capture_output=True, text=True)
-        if mounted.returncode != 0:
-            pytest.skip(f"cannot mount here (needs root with CAP_SYS_ADMIN): {mounted.stderr.strip()}")
-        try:
-            yield mount_point
-        finally:
-            subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
-    finally:
-        subprocess.run(["losetup", "-d", device], check=False)
 
 
 @pytest.fixture

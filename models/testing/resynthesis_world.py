@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the resynthesis tests run on: tiny real checkpoints (one with a real trained tokenizer),
 their ttnn weight caches, the training demo as a real process, and real file systems that fail
-(a tmpfs that fills up, a read-only remount, an ext4 that was shut down: EIO)."""
+(a tmpfs that fills up, a read-only remount, an ext4 of ``models.testing.mounts`` shut down: EIO)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import fcntl
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,28 +133,6 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 def remount_read_only(path: Path) -> None:
     _run("mount", "-o", "remount,ro", str(path))
-
-
-@contextlib.contextmanager
-def ext4(path: Path, size_mib: int = 32) -> Iterator[Path]:
-    """A real ext4 on a loop device (its image in a temp dir) mounted at ``path`` for the block."""
-    image_dir = Path(tempfile.mkdtemp(prefix="resynthesis-ext4-"))
-    image = image_dir / "disk.img"
-    with open(image, "wb") as stream:
-        stream.truncate(size_mib << 20)
-    _run("mkfs.ext4", "-q", "-F", str(image))
-    path.mkdir(parents=True, exist_ok=True)
-    loop = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    try:
-        _run("mount", loop, str(path))
-        try:
-            yield path
-        finally:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-    finally:
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
-        shutil.rmtree(image_dir, ignore_errors=True)
 
 
 def shut_down(path: Path) -> None:

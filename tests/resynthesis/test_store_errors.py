@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from models.common.prefill_cache.layout import object_dirs
-from models.tt_cache.prefill import main as tt_cache
+from models.testing.mounts import ext4
 from models.testing.resynthesis_world import (
-    ext4,
     losses,
     no_traceback,
     remount_read_only,
@@ -24,6 +23,7 @@ from models.testing.resynthesis_world import (
     shut_down,
     tmpfs,
 )
+from models.tt_cache.prefill import main as tt_cache
 
 pytestmark = requires_root
 

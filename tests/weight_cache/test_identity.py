@@ -21,7 +21,7 @@ from models.common.weight_cache.identity import content_id
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.stamps import FINE_TICK_NS, FileStamp, StampIndex
 from models.llama import LlamaLoader
-from models.testing.fixtures import loop_ext4
+from models.testing.mounts import ext4
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint, tensors_of
 
 
@@ -174,7 +174,7 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_a_clear_error(models, 
 def coarse_clock_dir(tmp_path) -> Path:
     """A real file system with a one-second clock (ext4 with 128-byte inodes keeps whole seconds,
     as FAT and many NFS servers do), loop-mounted; skipped where mounting is not allowed."""
-    with loop_ext4(tmp_path, mkfs_options=("-I", "128")) as mount_point:
+    with ext4(tmp_path / "coarse", 64, mkfs_options=("-I", "128")) as mount_point:
         yield mount_point
 
 

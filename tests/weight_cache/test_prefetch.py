@@ -21,7 +21,7 @@ from models.common.prefetch import DEFAULT_THREADS, HEAD_BYTES, Prefetcher, pref
 from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import loader_class
-from models.testing.fixtures import loop_ext4
+from models.testing.mounts import ext4
 from models.testing.tiny_models import make_checkpoint
 
 
@@ -243,7 +243,7 @@ def test_a_file_system_that_cannot_splice_gets_the_whole_piece_read_by_plain_rea
 def default_readahead_dir(tmp_path) -> Iterator[Path]:
     """A file system on a device with the kernel's default readahead window (128 KiB) and 64 KiB
     requests: one ``POSIX_FADV_WILLNEED`` reads at most 128 KiB there (8 MiB on this machine's disk)."""
-    with loop_ext4(tmp_path, queue={"read_ahead_kb": 128, "max_sectors_kb": 64}) as mount_point:
+    with ext4(tmp_path / "disk", queue={"read_ahead_kb": 128, "max_sectors_kb": 64}) as mount_point:
         yield mount_point
 
 
