@@ -11,7 +11,7 @@ engines on a tiny Llama one after the other, serves one request on each and shut
 end of a script does (SIGTERM to the engine core, SIGKILL 5 s later if it is still there); the last
 engine is left to the interpreter's exit. Reported: each shutdown's seconds, how many engine cores
 vLLM had to SIGKILL (exit code -9), and the seconds from the script's last line to its exit.
-``--child MODEL ROUNDS`` is that process (``tests/vllm/test_vllm_exit.py`` runs it too).
+``--child MODEL ROUNDS`` is that process (``tests/ttnn/vllm/test_vllm_exit.py`` runs it too).
 
 Offline runs (``--offline-runs N``): ``scripts/offline_inference_tt.py`` run N times per variant,
 each a fresh process, as the issue counted them: how many ended with vLLM SIGKILLing the engine

