@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from models.common.measure import MIB, MeasureError, peak_rss_bytes, peak_rss_mib, rss_bytes, run_measured
+from models.testing import REPO_ROOT
 
 PARENT_HOLDS = 1 << 30
 
@@ -24,7 +25,6 @@ PARENT_HOLDS = 1 << 30
 PARENT = r"""
 import json, sys
 from models.common.measure import peak_rss_mib, run_measured
-from models.testing import REPO_ROOT
 held = bytearray(b"\x01") * int(sys.argv[1])  # written, so every page is resident
 child = ("import resource; from models.common.measure import report; "
          "report({'ru_maxrss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})")

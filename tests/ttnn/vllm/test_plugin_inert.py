@@ -10,9 +10,10 @@ import json
 import subprocess
 import sys
 
+from models.testing import REPO_ROOT
+
 HIDE_VLLM = """
 import importlib.abc, sys
-from models.testing import REPO_ROOT
 class _NoVllm(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "vllm" or name.startswith("vllm."):

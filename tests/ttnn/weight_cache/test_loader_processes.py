@@ -21,11 +21,11 @@ from models.common.weight_cache import read_marker, verify_weight_cache
 from models.llama import LlamaLoader
 from models.testing.cache_child import Child
 from models.testing.tiny_models import make_checkpoint, tensors_of
+from models.testing import REPO_ROOT
 
 BUILD = """
 import sys
 from models.llama import LlamaLoader
-from models.testing import REPO_ROOT
 print("READY", flush=True)
 loaded = LlamaLoader(sys.argv[1], precision="bfloat8_b", mesh_shape=(1, 2)).load()
 print("BUILT", "warm" if loaded.warm else "cold", flush=True)
