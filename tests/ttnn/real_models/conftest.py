@@ -32,14 +32,27 @@ def is_default_model(model: KnownModel) -> bool:
     return model.requirements == DEFAULT_REQUIREMENTS
 
 
+def is_larger_sibling(model: KnownModel) -> bool:
+    """A model whose family a smaller known model already covers (Qwen2.5-Coder 1.5B beside 0.5B). CI runs one
+    model per family, the smallest; the larger siblings' tests are ``slow`` and ``larger_sibling``, and run under
+    ``scripts/run_real_model_tests.sh`` (which runs every real-model test)."""
+    return any(other.family == model.family and other.size < model.size for other in KNOWN_MODELS.values())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the tests of the models outside ``requirements.txt`` ``on_demand``, and deselects them
     unless ``-m`` names ``real_models``. This hook runs before ``-m`` selects, so CI's real-model
-    suite can run ``-m "real_models and (on_demand or slow)"``: the tests the default suite did not."""
+    suite can run ``-m "real_models and (on_demand or slow) and not larger_sibling"``: the tests the default
+    suite did not, on one model per family."""
     on_demand = [item for item in items if (marker := item.get_closest_marker("real_models")) is not None
                  and marker.args and not is_default_model(known_model(marker.args[0]))]
     for item in on_demand:
         item.add_marker(pytest.mark.on_demand)
+    for item in items:
+        marker = item.get_closest_marker("real_models")
+        if marker is not None and marker.args and is_larger_sibling(known_model(marker.args[0])):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.larger_sibling)
     if on_demand and "real_models" not in (config.option.markexpr or ""):
         config.hook.pytest_deselected(items=on_demand)
         dropped = set(on_demand)
