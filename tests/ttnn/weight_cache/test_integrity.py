@@ -86,9 +86,10 @@ for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 1):  # argv[2]: loads,
 """
 
 
-def test_concurrent_cold_builders_of_same_named_checkpoints_each_get_their_own(twins, references, cache_root):
+def _race_same_named_builders(twins, references, rounds: int) -> None:
+    """Two builders of each of two same-named checkpoints at once, ``rounds`` times over one cache root."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    for _ in range(2):
+    for _ in range(rounds):
         builds = [
             subprocess.Popen([sys.executable, "-c", BUILD, str(twins[name])], env=env, cwd=REPO_ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -100,6 +101,15 @@ def test_concurrent_cold_builders_of_same_named_checkpoints_each_get_their_own(t
         for name in ("llama", "llama_b"):
             loaded = LlamaLoader(twins[name], precision="bfloat16").load()
             assert loaded.warm and same(tensors_of(loaded), references[name])
+
+
+def test_concurrent_cold_builders_of_same_named_checkpoints_each_get_their_own(twins, references, cache_root):
+    _race_same_named_builders(twins, references, rounds=1)
+
+
+@pytest.mark.slow
+def test_concurrent_cold_builders_of_same_named_checkpoints_many_rounds(twins, references, cache_root):
+    _race_same_named_builders(twins, references, rounds=5)
 
 
 def test_cache_only_load_needs_the_same_model_id(twins, cache_root, tmp_path, monkeypatch):
