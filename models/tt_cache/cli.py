@@ -9,6 +9,7 @@
     tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run,
                                         --keep-plan PLAN: never a variant the plan names)
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
+                                        (--dry-run: only list it; both report files and bytes)
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
@@ -317,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean = _add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
     clean.add_argument("cache_dir", metavar="DIR")
     clean.add_argument("--invalidate", action="store_true", help="also withdraw completion markers")
+    clean.add_argument("--dry-run", action="store_true", help="only list what would be removed (files and bytes)")
 
     _add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
 

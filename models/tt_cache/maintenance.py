@@ -72,17 +72,21 @@ def _prefill_summary(root: Path) -> Any:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    from models.common.units import format_size
     from models.tt_cache.clean import clean_cache_tree
 
     root = existing_dir(args.cache_dir)
-    report = clean_cache_tree(root, invalidate=args.invalidate)
+    report = clean_cache_tree(root, invalidate=args.invalidate, dry_run=args.dry_run)
     if not report.cache_dirs:
         raise CliError(f"{root}: no weight cache in it (no completion marker, build lock or mesh_<r>x<c> dir)")
-    lines = [f"removed {path}" for path in report.removed]
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {r.path} ({r.kind}: {r.files} file(s), {format_size(r.size_bytes)})" for r in report.removals]
     lines += [f"kept {path}: its writer is still running" for path in report.kept_live]
+    lines += [f"kept {path}: a reader holds it (a later clean, gc or build removes it)" for path in report.leased]
     lines += [f"skipped {path}: a builder is at work in it" for path in report.busy]
     lines += [f"cannot remove {path}: {problem}" for path, problem in report.errors]
-    lines.append(f"{len(report.removed)} file(s) removed in {len(report.cache_dirs)} cache dir(s)")
+    lines.append(f"{verb} {report.removed_files} file(s), {format_size(report.removed_bytes)}, "
+                 f"in {len(report.cache_dirs)} cache dir(s)")
     emit(args, report.as_json(), lines)
     return EXIT_FAILED if report.errors else EXIT_OK
 
