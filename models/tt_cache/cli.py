@@ -13,6 +13,7 @@
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
+Quiet by default: no ttnn/UMD log lines, progress bars or INFO logs; --verbose shows them.
 Every command takes --json: one JSON document on stdout, with ``schema_version`` and snake_case
 keys, an error included (``{"schema_version": 1, "error": ..., "exit_code": 2}``). ls, check,
 verify, gc, clean and seed --check import neither torch nor ttnn (a light install:
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common import envs
-from models.common.device_env import ensure_host_cluster
+from models.common.device_env import ensure_host_cluster, set_output
 from models.tt_cache.common import (
     EXIT_CLOSED_PIPE,
     EXIT_FAILED,
@@ -235,6 +236,8 @@ def _add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argp
                  help_text: str) -> argparse.ArgumentParser:
     command = sub.add_parser(name, help=help_text, description=help_text)
     command.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    command.add_argument("--verbose", action="store_true", help="also ttnn's and UMD's native log lines, progress "
+                         "bars and INFO logs (quiet by default: models.common.device_env.set_output)")
     command.set_defaults(run=run)
     return command
 
@@ -366,8 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             words = [word for word in argv if not word.startswith("-")]
             command = words[0] if words else ""
             return _fail(argparse.Namespace(command=command, json="--json" in argv), error.exit_code, str(error))
+        set_output(verbose=args.verbose)  # before ttnn, loguru or transformers is first imported
         if args.command in ("build", "seed"):
-            ensure_host_cluster()  # before ttnn is first imported
+            ensure_host_cluster()
             _native_logs_to_stderr()
         try:
             code = args.run(args)
