@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tt-cache``: look at, check, verify, build, seed, evict and clean warm ttnn weight caches.
 
-    tt-cache ls [ROOT]                  every cache variant under ROOT ($TT_CACHE_PATH by default)
+    tt-cache ls [ROOT]                  every cache variant under ROOT ($TT_CACHE_PATH by default), and the
+                                        prepared model data ($TT_MODEL_DATA: snapshots, assembled GGUFs)
     tt-cache check DIR                  the gate's verdict on each variant under DIR, with the reason (stat only)
     tt-cache verify DIR                 re-hash every recorded file; name the ones that differ
     tt-cache build MODEL [options]      build (cold) or load (warm) one model's cache and report
@@ -10,6 +11,7 @@
                                         --keep-plan PLAN: never a variant the plan names)
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
                                         (--dry-run: only list it; both report files and bytes)
+    tt-cache clean --model-data         remove the prepared model data no weight cache and no --keep-plan needs
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
@@ -60,6 +62,7 @@ from models.tt_cache.common import (
 from models.tt_cache.maintenance import cmd_clean, cmd_gc, cmd_ls
 
 DEBUG_ENV = "TT_CACHE_DEBUG"
+MODEL_ROOT_HELP = "the prepared model data (default: $TT_MODEL_DATA, else the repo's model_data/)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -271,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = _add_command(sub, "ls", cmd_ls, "list cache variants and their state")
     ls.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
+    ls.add_argument("--model-root", type=Path, help=MODEL_ROOT_HELP)
     check = _add_command(sub, "check", cmd_check, "the gate's verdict on each variant under DIR (stat only)")
     check.add_argument("cache_dir", metavar="DIR")
     verify = _add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
@@ -319,9 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
 
     clean = _add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
-    clean.add_argument("cache_dir", metavar="DIR")
+    clean.add_argument("cache_dir", metavar="DIR", nargs="?", help="a weight cache dir or root (optional with --model-data)")
     clean.add_argument("--invalidate", action="store_true", help="also withdraw completion markers")
     clean.add_argument("--dry-run", action="store_true", help="only list what would be removed (files and bytes)")
+    clean.add_argument("--model-data", action="store_true", help="also remove prepared model data (snapshots, killed "
+                       "preparers' debris, assembled GGUFs) no weight cache under --cache-root and no --keep-plan needs")
+    clean.add_argument("--model", action="append", metavar="NAME", help="with --model-data: only this known model (repeatable)")
+    clean.add_argument("--model-root", type=Path, help=MODEL_ROOT_HELP)
+    clean.add_argument("--cache-root", help="the weight caches that may need a snapshot (default: $TT_CACHE_PATH)")
+    clean.add_argument("--keep-plan", action="append", metavar="PLAN",
+                       help="with --model-data: never a snapshot of a model this seeding plan names (repeatable)")
 
     _add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
 
