@@ -178,7 +178,8 @@ def _clean_model_data(args: argparse.Namespace, planned: list[tuple[str, str]]) 
     cache_root = Path(args.cache_root) if args.cache_root else default_cache_root()
     data = _scan_model_data(args.model_root)
     if data is None:
-        return {"root": None, "removed": [], "removed_files": 0, "removed_bytes": 0, "kept": [], "skipped": []}, \
+        return {"root": None, "removed": [], "removed_files": 0, "removed_bytes": 0, "kept": [], "skipped": [],
+                "left": []}, \
             ["model data: none here (no model root)"]
     variants = [v.as_json() for v in scan_root(cache_root)] if cache_root.is_dir() else []
     needed = _needed_snapshots(data, variants, planned)
@@ -189,6 +190,7 @@ def _clean_model_data(args: argparse.Namespace, planned: list[tuple[str, str]]) 
              f"{format_size(item.size_bytes)})" for item in result.removed]
     lines += [f"kept {path}: {why}" for path, why in result.kept]
     lines += [f"skipped {path}: {why}" for path, why in result.skipped]
+    lines += [f"left {path}: {why}" for path, why in result.left]
     lines.append(f"model data {data.root}: {verb} {result.removed_files} file(s), {format_size(result.removed_bytes)}; "
                  f"kept {len(result.kept)} snapshot(s) a cache or plan needs")
     return {"root": str(data.root), "cache_root": str(cache_root), **result.as_json()}, lines

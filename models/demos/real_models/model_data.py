@@ -7,7 +7,7 @@ Only what is provably this project's is listed as removable, and only that is ev
   directory (no symlink) holding a ``.prepared.json`` that names that repo and that revision. Its
   removal unlinks the files the record lists and the record itself (regular files reached without
   following a symlink), then ``rmdir``s what is left empty: a user's file in it survives, and so
-  does its directory. ``refs/main`` goes only while it names the removed revision.
+  does its directory. ``refs/main`` goes (and is counted) only while it names the removed revision.
 * **debris** of a killed preparer: a temp dir (:func:`models.common.fileio.is_temp_path`) in a
   known model's ``snapshots/``. Preparers hold the model's prepare lock for as long as they work,
   so with that lock held every such dir is a dead preparer's.
@@ -197,14 +197,16 @@ class Removal:
 
     removed: list[Snapshot | Entry] = field(default_factory=list)
     kept: list[tuple[Path, str]] = field(default_factory=list)  # needed, or asked to keep: on purpose
-    skipped: list[tuple[Path, str]] = field(default_factory=list)  # busy or partly left: try again
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # busy, or changed since the scan: try again
+    left: list[tuple[Path, str]] = field(default_factory=list)  # removed, but its dir stays (a user's files in it)
     removed_files: int = 0
     removed_bytes: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return {"removed": [r.as_json() for r in self.removed], "removed_files": self.removed_files,
                 "removed_bytes": self.removed_bytes, "kept": [{"path": str(p), "why": w} for p, w in self.kept],
-                "skipped": [{"path": str(p), "why": w} for p, w in self.skipped]}
+                "skipped": [{"path": str(p), "why": w} for p, w in self.skipped],
+                "left": [{"path": str(p), "why": w} for p, w in self.left]}
 
 
 def _lock_of(root: Path, item: Snapshot | Entry) -> Path:
@@ -215,13 +217,23 @@ def _lock_of(root: Path, item: Snapshot | Entry) -> Path:
 
 
 @contextlib.contextmanager
-def _held(lock: Path) -> Iterator[bool]:
-    """The lock without waiting; False when a preparer (or assembler) holds it."""
-    if not lock.parent.is_dir():
-        yield True  # nobody ever prepared here through this root: no preparer can hold it
+def _held(lock: Path, *, create: bool) -> Iterator[bool]:
+    """The lock without waiting; False when a preparer (or assembler) holds it. A dry run creates
+    no lock file: where there is none, nobody holds it."""
+    if not create and not lock.exists() or not lock.parent.is_dir():
+        yield True  # nobody ever prepared here through this root: no preparer holds it
         return
     with file_lock(lock, blocking=False) as held:
         yield held
+
+
+def _ref_usage(snapshot: Snapshot) -> tuple[int, int]:
+    """(1, its bytes) when ``refs/main`` is a regular file naming this revision (it goes with it), else (0, 0)."""
+    ref = snapshot.path.parent.parent / "refs" / "main"
+    info = _real_file(ref)
+    if info is None or not _real_dir(ref.parent) or read_ref(snapshot.path.parent.parent) != snapshot.revision:
+        return 0, 0
+    return 1, info.st_size
 
 
 def _remove_snapshot(snapshot: Snapshot) -> tuple[int, int, str | None]:
@@ -234,13 +246,15 @@ def _remove_snapshot(snapshot: Snapshot) -> tuple[int, int, str | None]:
         if info is not None and unlink_beneath(snapshot.path, name):
             files, size = files + 1, size + info.st_size
     repo_dir = snapshot.path.parent.parent
-    if read_ref(repo_dir) == snapshot.revision and unlink_beneath(repo_dir, "refs/main"):
+    ref_files, ref_bytes = _ref_usage(snapshot)
+    if ref_files and unlink_beneath(repo_dir, "refs/main"):
+        files, size = files + ref_files, size + ref_bytes
         with contextlib.suppress(OSError):
             (repo_dir / "refs").rmdir()
     try:
         snapshot.path.rmdir()
     except OSError:
-        return files, size, "files that are not the record's stay in it"
+        return files, size, "files that are not its record's stay in it, and so does the directory"
     for directory in (repo_dir / "snapshots", repo_dir):
         with contextlib.suppress(OSError):
             directory.rmdir()
@@ -257,12 +271,13 @@ def remove_model_data(data: ModelData, *, needed: Mapping[Path, str], models: se
         if isinstance(item, Snapshot) and item.path in needed:
             result.kept.append((item.path, needed[item.path]))
             continue
-        with _held(_lock_of(data.root, item)) as held:
+        with _held(_lock_of(data.root, item), create=not dry_run) as held:
             if not held:
                 result.skipped.append((item.path, "a preparer holds its lock: try again later"))
                 continue
             if dry_run:
-                files, size, why = item.files, item.size_bytes, None
+                extra = _ref_usage(item) if isinstance(item, Snapshot) else (0, 0)
+                files, size, why = item.files + extra[0], item.size_bytes + extra[1], None
             elif isinstance(item, Snapshot):
                 files, size, why = _remove_snapshot(item)
             elif item.kind == "assembled gguf":
@@ -277,7 +292,11 @@ def remove_model_data(data: ModelData, *, needed: Mapping[Path, str], models: se
                 why = "some of it could not be removed" if item.path.exists() else None
         result.removed_files += files
         result.removed_bytes += size
-        if why is None:
+        if isinstance(item, Snapshot) and files:
+            result.removed.append(item)
+            if why is not None:
+                result.left.append((item.path, why))
+        elif why is None:
             result.removed.append(item)
         else:
             result.skipped.append((item.path, why))

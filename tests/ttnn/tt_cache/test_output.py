@@ -70,7 +70,7 @@ def test_the_demo_shows_no_progress_bar_unless_verbose(tmp_path):
     prepare_model("smollm2-135m")
     runs = {}
     for flag in ("", "--verbose"):
-        env = _env(tmp_path / "cache", HF_HUB_OFFLINE="1")
+        env = _env(tmp_path / "cache")
         runs[flag] = subprocess.run([sys.executable, "-m", "models.demos.real_models.demo", "--model", "smollm2-135m",
                                      "--precision", "bfloat16", "--steps", "2", *([flag] if flag else [])],
                                     cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
