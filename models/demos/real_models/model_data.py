@@ -15,8 +15,11 @@ Only what is provably this project's is listed as removable, and only that is ev
   file with the recorded name and size (re-assembled from the installed packages on demand).
 
 Anything else under the root (a hub download, a user's folder, a snapshot without a record) is
-reported as not ours and left alone. Each model's removals run under its prepare lock (its GGUF's
-lock for the GGUF), taken without waiting: a model being prepared is skipped, never undercut.
+reported as not ours and left alone. Each model's removals run under its prepare lock (and its
+GGUF's assembler lock for the GGUF), taken without waiting: a model being prepared is skipped, never
+undercut, and a snapshot is checked again under the lock. The GGUF cache is shared by every model
+root: a preparer of another root that assembled it before the removal fails to read it and is run
+again (it re-assembles).
 
 Which snapshots a weight cache needs is decided by the caller (``needed``): the weight cache keys
 its variants by the checkpoint's content id, and :meth:`Snapshot.content_id` computes that id from
@@ -209,11 +212,13 @@ class Removal:
                 "left": [{"path": str(p), "why": w} for p, w in self.left]}
 
 
-def _lock_of(root: Path, item: Snapshot | Entry) -> Path:
-    """The lock its writer holds: the assembler's for a GGUF, the model's prepare lock otherwise."""
+def _locks_of(root: Path, item: Snapshot | Entry) -> list[Path]:
+    """The locks its writers hold: the model's prepare lock (a preparer reads the GGUF while it
+    holds it), and the assembler's for a GGUF."""
+    locks = [lock_path(root, item.model)]
     if isinstance(item, Entry) and item.kind == "assembled gguf":
-        return item.path.with_name(item.path.name + ".lock")
-    return lock_path(root, item.model)
+        locks.append(item.path.with_name(item.path.name + ".lock"))
+    return locks
 
 
 @contextlib.contextmanager
@@ -271,7 +276,8 @@ def remove_model_data(data: ModelData, *, needed: Mapping[Path, str], models: se
         if isinstance(item, Snapshot) and item.path in needed:
             result.kept.append((item.path, needed[item.path]))
             continue
-        with _held(_lock_of(data.root, item), create=not dry_run) as held:
+        with contextlib.ExitStack() as stack:
+            held = all([stack.enter_context(_held(lock, create=not dry_run)) for lock in _locks_of(data.root, item)])
             if not held:
                 result.skipped.append((item.path, "a preparer holds its lock: try again later"))
                 continue
@@ -279,7 +285,8 @@ def remove_model_data(data: ModelData, *, needed: Mapping[Path, str], models: se
                 extra = _ref_usage(item) if isinstance(item, Snapshot) else (0, 0)
                 files, size, why = item.files + extra[0], item.size_bytes + extra[1], None
             elif isinstance(item, Snapshot):
-                files, size, why = _remove_snapshot(item)
+                fresh = _snapshot(item.model, item.path, read_ref(item.path.parent.parent))
+                files, size, why = _remove_snapshot(fresh) if fresh is not None else (0, 0, "it changed since the scan")
             elif item.kind == "assembled gguf":
                 info = _real_file(item.path)
                 gone = info is not None and info.st_size == item.model.size and unlink_beneath(item.path.parent,

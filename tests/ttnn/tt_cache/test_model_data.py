@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from models.common.fileio import unique_temp_path
+from models.common.fileio import file_lock, unique_temp_path
 from models.demos.real_models.known import known_model
-from models.demos.real_models.prepare import repo_cache_dir, revision, write_manifest, write_ref
+from models.demos.real_models.prepare import lock_path, repo_cache_dir, revision, write_manifest, write_ref
 from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import cli_env, error_line, json_out, tt_cache
 
@@ -170,3 +170,19 @@ def test_bad_input_removes_nothing(world, args, message):
     out = tt_cache("clean", *[where.get(a, a) for a in args], env=world["env"])
     assert out.returncode == 2 and message in error_line(out, "clean")
     assert _tree(world["root"], world["assembled"].parent.parent) == before
+
+
+def test_a_model_being_prepared_is_skipped(world):
+    """A preparer holds the model's prepare lock (here: this process): its snapshot and debris are
+    skipped, not undercut; the other model's GGUF still goes."""
+    lock = lock_path(world["root"], MODEL)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    sealed = _sealed(world["snapshot"])
+    with file_lock(lock):
+        out = tt_cache("clean", "--model-data", "--json", env=world["env"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json_out(out)["model_data"]
+    assert {s["path"] for s in report["skipped"]} == {str(world["snapshot"]), str(world["debris"])}
+    assert all("a preparer holds its lock" in s["why"] for s in report["skipped"])
+    assert [r["path"] for r in report["removed"]] == [str(world["assembled"])]
+    assert _sealed(world["snapshot"]) == sealed and world["debris"].is_dir()
