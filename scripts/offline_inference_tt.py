@@ -8,7 +8,8 @@
 Prints each completion and how the start-up time split: ``import vllm``, engine start (of which
 the weight load, warm or cold and why, and reading the weights back for the host forward), and
 the first token. The flags are those of vllm-tt-plugin's example; ``--report`` also writes it all
-as JSON. Exit status: 0 generated, 1 the engine failed to start or generate, 2 bad arguments.
+as JSON. Quiet by default (no ttnn/UMD log lines, progress bars or INFO logs of vLLM and the project);
+``--verbose`` shows them. Exit status: 0 generated, 1 the engine failed to start or generate, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="send each prompt as one user message through llm.chat (the model's chat template)")
     parser.add_argument("--skip_tokenizer_init", action="store_true", help="token-id prompts only, no tokenizer")
     parser.add_argument("--report", type=Path, help="also write the completions and timings here as JSON")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also vLLM's, ttnn's and UMD's log lines, progress bars and INFO logs (quiet by default)")
     args = parser.parse_args(argv)
     if args.max_tokens < 1 or args.max_seqs_in_batch < 1 or args.max_model_len < 2:
         parser.error("--max_tokens and --max_seqs_in_batch must be >= 1, --max_model_len >= 2")
@@ -134,6 +137,9 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from models.common.device_env import set_output
+
+    set_output(verbose=args.verbose)  # before vLLM, ttnn, loguru or transformers is imported
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.mesh:
         os.environ["MESH_DEVICE"] = args.mesh

