@@ -337,9 +337,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_seed(args: argparse.Namespace) -> int:
     """Seed or check a plan. The reports asked for (``--report``, ``--junit``, GitHub's summary and
     outputs) are written whatever ends the run: a bad plan, an interruption, an internal error."""
-    from models.seeding.report import BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, SeedReport
+    from models.seeding.report import BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, SeedReport, signal_name
 
-    signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job: end the running seed's worker too
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a cancelled CI job: end the running seed's worker too
+        signal.signal(signum, _interrupt)
     report = SeedReport(str(args.plan), args.check)
     try:
         _run_seed(args, report)
@@ -347,14 +348,15 @@ def cmd_seed(args: argparse.Namespace) -> int:
         error.document = _stop_seed(args, report, str(error), BAD_INPUT)
         raise
     except KeyboardInterrupt as error:
-        error.document = _stop_seed(args, report, "interrupted", INTERRUPTED)  # type: ignore[attr-defined]
+        why = f"interrupted by {signal_name(error)}"
+        error.document = _stop_seed(args, report, why, INTERRUPTED)  # type: ignore[attr-defined]
         raise
     except Exception as error:
         why = f"internal error: {type(error).__name__}: {error}"
         error.document = _stop_seed(args, report, why, INTERNAL_ERROR)  # type: ignore[attr-defined]
         raise
     _write_seed_reports(args, report)
-    emit(args, report.as_json(), report.summary_lines())
+    emit(args, report.as_json(), report.summary_lines(cases=False))  # each case's line was printed as it ended
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -372,8 +374,13 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
                           log_every=args.progress_every, workers=args.workers,
                           address=args.address)
+    stream = sys.stderr if args.json else sys.stdout  # --json: stdout holds the document only
+
+    def print_case(case: Any) -> None:
+        print(case.summary(), file=stream, flush=True)
+
     try:
-        run_plan(plan, options, report)
+        run_plan(plan, options, report, print_case)
     except SeedInputError as error:
         raise CliError(str(error)) from None
 

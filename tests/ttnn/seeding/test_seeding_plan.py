@@ -258,6 +258,6 @@ def test_a_cancelled_seed_leaves_no_worker_behind_and_reports_the_interruption(t
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"worker {alive} outlived the cancelled seed"
     report = json.loads((tmp_path / "seed.json").read_text())
-    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted", "interrupted", False)
+    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted by SIGTERM", "interrupted", False)
     (case,) = ET.parse(tmp_path / "seed.xml").getroot().iter("testcase")
     assert case.find("error").get("type") == "interrupted"
