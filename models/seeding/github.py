@@ -7,15 +7,18 @@ bytes written, seconds, and the seconds warm hits saved: the cold build time eac
 recorded, less the time its check took) and one row per variant. When it sets ``$GITHUB_OUTPUT``,
 the run appends step outputs a later step can test, after ``actions/cache``: ``cache-hit``
 (``true`` when every variant of the plan was warm), ``variants``, ``warm``, ``cold``, ``built``,
-``failed``, ``skipped``. Outside Actions nothing is written.
+``failed``, ``skipped``. Outside Actions nothing is written. With ``--history FILE`` the summary
+ends with the trend over the last runs (:mod:`models.seeding.history`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from models.common import envs
 from models.common.units import format_bytes
+from models.seeding.history import RunRecord, trend_markdown
 from models.seeding.report import WARM, CaseResult, SeedReport
 
 SUMMARY_HEADER = ("| variants | warm | cold | built | failed | skipped | cache size | bytes written | seconds saved |\n"
@@ -50,8 +53,9 @@ def model_rows(report: SeedReport) -> list[str]:
             f"{format_bytes(sum(case.cache_bytes for case in cases))} |" for model, cases in models.items()]
 
 
-def step_summary(report: SeedReport) -> str:
-    """The Markdown appended to ``$GITHUB_STEP_SUMMARY`` (ends with a blank line)."""
+def step_summary(report: SeedReport, history: Sequence[RunRecord] = ()) -> str:
+    """The Markdown appended to ``$GITHUB_STEP_SUMMARY`` (ends with a blank line); with the runs of
+    a ``--history`` file (this one last), their trend too."""
     stats = report.statistics()
     lines = [f"### {report.command}: {verdict(report)}", "",
              f"Plan `{report.plan}`: {stats.variants} variant(s) in {report.seconds:.2f} s.", ""]
@@ -72,6 +76,7 @@ def step_summary(report: SeedReport) -> str:
             lines.append(f"| {_cell(name)} | {case.outcome} | {case.seconds:.3f} | {built} | {size} | "
                          f"{_cell(case.reason)} |")
         lines.append("")
+    lines += trend_markdown(history)
     return "\n".join(lines) + "\n"
 
 
@@ -84,13 +89,14 @@ def step_outputs(report: SeedReport) -> str:
     return "".join(f"{name}={value}\n" for name, value in values.items())
 
 
-def append_github_files(report: SeedReport) -> list[Path]:
-    """Append the summary and the outputs to the files GitHub Actions named (if it named them);
-    returns the files written. ``OSError`` when one cannot be written."""
+def append_github_files(report: SeedReport, history: Sequence[RunRecord] = ()) -> list[Path]:
+    """Append the summary (with the trend of ``history``) and the outputs to the files GitHub
+    Actions named (if it named them); returns the files written. ``OSError`` when one cannot be written."""
     written = []
-    for path, text in ((envs.GITHUB_STEP_SUMMARY, step_summary), (envs.GITHUB_OUTPUT, step_outputs)):
+    for path, text in ((envs.GITHUB_STEP_SUMMARY, step_summary(report, history)),
+                       (envs.GITHUB_OUTPUT, step_outputs(report))):
         if path:
             with open(path, "a", encoding="utf-8") as stream:
-                stream.write(text(report))
+                stream.write(text)
             written.append(Path(path))
     return written

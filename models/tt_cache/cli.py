@@ -388,6 +388,7 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
 def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
     """``--report`` (JSON), ``--junit``, and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
     from models.seeding.github import append_github_files
+    from models.seeding.history import RunRecord, append_record, read_records
     from models.seeding.report import write_json_report, write_junit
 
     for path, write in ((args.report, write_json_report), (args.junit, write_junit)):
@@ -396,10 +397,19 @@ def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
                 write(report, Path(path))
             except OSError as error:
                 raise CliError(f"{path}: cannot write the report ({error.strerror or error})") from None
+    history, problem = [], None
+    if args.history:  # this run's record first: the summary's trend ends with it
+        try:
+            append_record(Path(args.history), RunRecord.of(report))
+            history = read_records(Path(args.history))
+        except OSError as error:
+            problem = CliError(f"{args.history}: cannot append to the history ({error.strerror or error})")
     try:
-        append_github_files(report)
+        append_github_files(report, history)
     except OSError as error:
         raise CliError(f"{error.filename}: cannot append the GitHub summary or outputs ({error.strerror or error})") from None
+    if problem is not None:
+        raise problem
 
 
 def _stop_seed(args: argparse.Namespace, report: Any, error: str, error_type: str) -> dict[str, Any]:
@@ -491,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     seed.add_argument("--workers", type=int, default=1, metavar="N",
                       help="convert each model on a local Ray instance of N CPUs (default 1: in one process)")
     seed.add_argument("--address", help="convert on an existing Ray cluster (ray://host:port or auto)")
+    seed.add_argument("--history", metavar="FILE.jsonl",
+                      help="append this run's record (JSON lines); the GitHub summary shows the trend of the last runs")
 
     gc = _add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
     gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
