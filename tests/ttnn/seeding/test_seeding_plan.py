@@ -24,8 +24,8 @@ import pytest
 
 from models.seeding.plan import Combination, PlanError, parse_plan
 from models.testing.llama_shaped import make_llama_shaped
-from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
+from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 
 
 def _junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
