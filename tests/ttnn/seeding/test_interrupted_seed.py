@@ -43,11 +43,12 @@ def _workers(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signum):
     name, llama = signum.name, plan["llama"]
-    files = {kind: tmp_path / f"seed.{kind}" for kind in ("xml", "json", "md", "out")}
+    files = {kind: tmp_path / f"seed.{kind}" for kind in ("xml", "json", "md", "out", "jsonl")}
     env = {**cli_env(plan["root"] / "cache"), "PYTHONUNBUFFERED": "1",
            "GITHUB_STEP_SUMMARY": str(files["md"]), "GITHUB_OUTPUT": str(files["out"])}
     seed = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(plan["path"]),
-                             "--junit", str(files["xml"]), "--report", str(files["json"])],
+                             "--junit", str(files["xml"]), "--report", str(files["json"]),
+                             "--history", str(files["jsonl"])],
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
     for line in seed.stdout:  # stderr merged in, as a CI log has it
@@ -91,4 +92,7 @@ def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signu
     assert summary.startswith("### tt-cache seed: error (interrupted)\n")
     assert "| 4 | 1 | 0 | 0 | 1 | 2 |" in summary and summary.count("` | skipped | ") == 2
     assert files["out"].read_text().endswith("failed=1\nskipped=2\n")
+    (record,) = [json.loads(line) for line in files["jsonl"].read_text().splitlines()]  # the run's history line
+    assert record["outcomes"] == {"interrupted": 1, "skipped": 2, "warm": 1} and record["hit_rate"] == 0.25
+    assert record["error_type"] == "interrupted" and "#### Trend over the last 1 run(s)" in summary
     assert not list((plan["root"] / "cache").glob("tiny-llama--*/bfloat16/mesh_1x2/.weights_complete.*"))
