@@ -386,7 +386,8 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
 
 
 def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
-    """``--report`` (JSON), ``--junit``, and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
+    """``--report`` (JSON), ``--junit``, ``--history`` (this run's line; a file that cannot be written
+    fails the run after the GitHub files), and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
     from models.seeding.github import append_github_files
     from models.seeding.history import RunRecord, append_record, read_records
     from models.seeding.report import write_json_report, write_junit
@@ -397,7 +398,8 @@ def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
                 write(report, Path(path))
             except OSError as error:
                 raise CliError(f"{path}: cannot write the report ({error.strerror or error})") from None
-    history, problem = [], None
+    history: list[Any] = []
+    problem = None
     if args.history:  # this run's record first: the summary's trend ends with it
         try:
             append_record(Path(args.history), RunRecord.of(report))
