@@ -29,6 +29,8 @@ from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.placeholders import placeholder
 from models.common.weight_cache.tensor_cache import TensorFormat, stored_bytes
 
+TENSORBIN_HEADER_BYTES = 384  # ttnn.dump_tensor's header of a one-device tensor (measured, ttnn 0.81.1)
+
 
 class Convertible(Protocol):
     """What planning needs of a loader (any :class:`~models.common.loader.WeightLoader`)."""
@@ -54,13 +56,15 @@ class PlannedWeight:
 
     @property
     def estimated_bytes(self) -> int:
-        """Roughly the tensorbin's size (progress totals; the real size is known once written)."""
+        """Roughly the tensorbin's size (progress totals; the real size is known once written):
+        the data, tile-padded, and the file's header (larger for a multi-device tensor, so a
+        progress total is still an estimate)."""
         shape = list(self.shape) or [1]
         if self.fmt.layout == ttnn.TILE_LAYOUT:
             shape[-1] = -(-shape[-1] // 32) * 32
             if len(shape) > 1:
                 shape[-2] = -(-shape[-2] // 32) * 32
-        return stored_bytes(self.fmt, math.prod(shape))
+        return stored_bytes(self.fmt, math.prod(shape)) + TENSORBIN_HEADER_BYTES
 
 
 class _SpecView(Mapping):

@@ -8,7 +8,9 @@
 * CI jobs behind ``tt-cache seed``: :mod:`~models.seeding.plan` (models x meshes x precisions),
   :mod:`~models.seeding.runner` and :mod:`~models.seeding.worker` (one process per seed, watched
   by the stall watchdog of :mod:`~models.seeding.progress`), :mod:`~models.seeding.report` (JSON,
-  JUnit). Keep this package's import light: ``tt-cache`` imports submodules of it.
+  JUnit), :mod:`~models.seeding.github` (job summary, step outputs) and :mod:`~models.seeding.history`
+  (a run's line in ``--history``, the trend). Keep this package's import light: ``tt-cache`` imports
+  submodules of it.
 """
 
 from __future__ import annotations

@@ -150,7 +150,10 @@ class ProgressTracker:
             self.last_weight = str(name)
             self._touch()
             if self._bar is not None:
-                self._bar.set_postfix_str(f"{self.weights_done}/{self.total_weights} weights", refresh=False)
+                if self._bar.total is not None and self.bytes_done > self._bar.total:
+                    self._bar.total = self.bytes_done  # the estimate was short: never past 100%
+                total = max(self.total_weights, self.weights_done)
+                self._bar.set_postfix_str(f"{self.weights_done}/{total} weights", refresh=False)
                 self._bar.update(int(nbytes))
 
     def finish(self) -> None:
@@ -171,9 +174,12 @@ class ProgressTracker:
             self.finish()
 
     def snapshot(self) -> ProgressSnapshot:
+        """The counts so far; a total is at least what was done (the totals are estimates)."""
         with self._lock:
             now = self._clock()
-            return ProgressSnapshot(self.weights_done, self.total_weights, self.bytes_done, self.total_bytes,
+            total_weights = max(self.total_weights, self.weights_done) if self.total_weights else 0
+            total_bytes = max(self.total_bytes, self.bytes_done) if self.total_bytes else 0
+            return ProgressSnapshot(self.weights_done, total_weights, self.bytes_done, total_bytes,
                                     self.last_weight, now - self._started, now - self._last_activity, self.started)
 
     def tick(self) -> None:

@@ -24,9 +24,16 @@ SCHEMA_VERSION = 1  # of the JSON report (``--report``, ``--json``); bumped when
 # outcomes: already warm (stat-only skip), built now and warm, cold under --check, or why not
 # (``partial``: a ``tt-cache build --num-layers`` build, which is never marked complete)
 WARM, SEEDED, PARTIAL, COLD, FAILED, STALLED = "warm", "seeded", "partial", "cold", "failed", "stalled"
+SKIPPED = "skipped"  # not run: the run was interrupted before it came to this case
 OK_OUTCOMES = frozenset({WARM, SEEDED, PARTIAL})
-# why a run stopped before its plan was done (the JUnit error type, the JSON ``error_type``)
+# why a run stopped before its plan was done (the JUnit error type, the JSON ``error_type``); an
+# interrupted run's case that was running (or next) when the signal came has the outcome INTERRUPTED
 BAD_INPUT, INTERRUPTED, INTERNAL_ERROR = "bad_input", "interrupted", "internal_error"
+
+
+def signal_name(interrupt: KeyboardInterrupt) -> str:
+    """The signal behind a ``KeyboardInterrupt`` (``tt-cache seed`` raises it with the name)."""
+    return interrupt.args[0] if interrupt.args and isinstance(interrupt.args[0], str) else "SIGINT"
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class Statistics:
     cold: int
     built: int
     failed: int
+    skipped: int
     cache_bytes: int
     bytes_written: int
     seconds: float
@@ -125,16 +133,18 @@ class SeedReport:
         return Statistics(
             variants=len(self.cases), warm=counts.get(WARM, 0), cold=counts.get(COLD, 0),
             built=counts.get(SEEDED, 0) + counts.get(PARTIAL, 0),
-            failed=counts.get(FAILED, 0) + counts.get(STALLED, 0),
+            failed=counts.get(FAILED, 0) + counts.get(STALLED, 0) + counts.get(INTERRUPTED, 0),
+            skipped=counts.get(SKIPPED, 0),
             cache_bytes=sum(case.cache_bytes for case in self.cases),
             bytes_written=sum(case.bytes_written for case in self.cases),
             seconds=self.seconds, seconds_saved=sum(case.seconds_saved for case in self.cases))
 
-    def summary_lines(self) -> list[str]:
+    def summary_lines(self, cases: bool = True) -> list[str]:
+        """Each case's line (unless ``cases`` is false: printed as they finished), then the verdict."""
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items())) or "none run"
         verdict = "ok" if self.ok else "FAILED"
         stopped = [f"stopped ({self.error_type}): {self.error}"] if self.error else []
-        return [case.summary() for case in self.cases] + stopped + [
+        return [case.summary() for case in self.cases if cases] + stopped + [
             f"{verdict}: {len(self.cases)} combination(s) of {self.plan}: {counts} in {self.seconds:.1f} s"
         ]
 
@@ -143,7 +153,8 @@ class SeedReport:
         return {"schema_version": SCHEMA_VERSION, "plan": self.plan, "check_only": self.check_only, "ok": self.ok,
                 "error": self.error, "error_type": self.error_type, "counts": self.counts(),
                 "statistics": {"variants": stats.variants, "warm": stats.warm, "cold": stats.cold,
-                               "built": stats.built, "failed": stats.failed, "cache_hit": stats.cache_hit,
+                               "built": stats.built, "failed": stats.failed, "skipped": stats.skipped,
+                               "cache_hit": stats.cache_hit,
                                "cache_bytes": stats.cache_bytes, "bytes_written": stats.bytes_written,
                                "seconds_saved": round(stats.seconds_saved, 3)},
                 "started": self.started, "seconds": round(self.seconds, 3),
@@ -156,27 +167,36 @@ def write_json_report(report: SeedReport, path: Path) -> None:
 
 
 def junit_xml(report: SeedReport) -> bytes:
-    """One ``testcase`` per combination (``classname`` the model), a ``failure`` with the reason;
-    a run that stopped early adds one ``testcase`` (``classname`` the command, ``name`` the plan)
-    with an ``error`` naming the problem."""
-    failures = sum(not case.ok for case in report.cases)
-    errors = int(report.error is not None)
-    tests = len(report.cases) + errors
+    """One ``testcase`` per combination (``classname`` the model), a ``failure`` with the reason.
+    An interrupted run still has one per planned combination: the one running when the signal
+    came has an ``error``, those after it are ``skipped`` with the reason. A run that stopped
+    early otherwise adds one ``testcase`` (``classname`` the command, ``name`` the plan) with an
+    ``error`` naming the problem."""
+    counts = report.counts()
+    skipped, case_errors = counts.get(SKIPPED, 0), counts.get(INTERRUPTED, 0)
+    failures = sum(not case.ok for case in report.cases) - skipped - case_errors
+    plan_error = report.error is not None and not case_errors
+    errors = case_errors + plan_error
+    tests = len(report.cases) + plan_error
     suites = ET.Element("testsuites", tests=str(tests), failures=str(failures), errors=str(errors),
-                        time=f"{report.seconds:.3f}")
+                        skipped=str(skipped), time=f"{report.seconds:.3f}")
     suite = ET.SubElement(suites, "testsuite", name=report.command, tests=str(tests), failures=str(failures),
-                          errors=str(errors), skipped="0", time=f"{report.seconds:.3f}",
+                          errors=str(errors), skipped=str(skipped), time=f"{report.seconds:.3f}",
                           timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(report.started)))
     for case in report.cases:
         combination = case.combination
         name = " ".join([combination.mesh, combination.precision] + list(combination.components or ()))
         element = ET.SubElement(suite, "testcase", classname=combination.model, name=name, time=f"{case.seconds:.3f}")
-        if not case.ok:
+        if case.outcome == SKIPPED:
+            ET.SubElement(element, "skipped", message=case.reason)
+        elif case.outcome == INTERRUPTED:
+            ET.SubElement(element, "error", message=case.reason, type=INTERRUPTED).text = case.summary()
+        elif not case.ok:
             failure = ET.SubElement(element, "failure", message=f"{case.outcome}: {case.reason}", type=case.outcome)
             failure.text = case.summary()
         else:
             ET.SubElement(element, "system-out").text = case.summary()
-    if report.error is not None:
+    if plan_error:
         element = ET.SubElement(suite, "testcase", classname=report.command, name=f"plan {report.plan}", time="0.000")
         ET.SubElement(element, "error", message=report.error, type=report.error_type or INTERNAL_ERROR).text = (
             f"{report.command} stopped ({report.error_type}) after {len(report.cases)} case(s): {report.error}")

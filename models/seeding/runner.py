@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,19 @@ if TYPE_CHECKING:
     from models.common.loader import WeightLoader
 from models.seeding.plan import Combination, Plan
 from models.seeding.progress import EventDecoder, ProgressTracker, StallWatchdog
-from models.seeding.report import COLD, FAILED, PARTIAL, SEEDED, STALLED, WARM, CaseResult, SeedReport
+from models.seeding.report import (
+    COLD,
+    FAILED,
+    INTERRUPTED,
+    PARTIAL,
+    SEEDED,
+    SKIPPED,
+    STALLED,
+    WARM,
+    CaseResult,
+    SeedReport,
+    signal_name,
+)
 
 
 class SeedInputError(ValueError):
@@ -333,7 +346,16 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
     if options.check_only:
         return result(COLD, status.reason, cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
-    outcome, reason = run_worker(combination, options, tracker)
+    try:
+        outcome, reason = run_worker(combination, options, tracker)
+    except KeyboardInterrupt as interrupt:  # the worker is gone (run_worker's finally): say how far it got
+        tracker.close()
+        last = tracker.snapshot()
+        done = (f"after {last.weights_done}/{last.total_weights or '?'} weights (last {last.last_weight})"
+                if last.last_weight else "before any weight was written")
+        interrupt.case = result(INTERRUPTED, f"interrupted by {signal_name(interrupt)} while it ran, {done}",
+                                cache_dir, tracker)  # type: ignore[attr-defined]
+        raise
     if outcome is not None:
         return result(outcome, reason, cache_dir, tracker)
     after = opened.status()
@@ -342,27 +364,57 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
     return result(SEEDED, "", cache_dir, tracker, after)
 
 
-def run_plan(plan: Plan, options: SeedOptions, report: SeedReport | None = None) -> SeedReport:
+def _print_case(case: CaseResult) -> None:
+    print(case.summary(), file=sys.stderr, flush=True)
+
+
+def run_plan(plan: Plan, options: SeedOptions, report: SeedReport | None = None,
+             on_case: Callable[[CaseResult], None] | None = None) -> SeedReport:
     """Every variant, in plan order; one failing model never stops the others. ``report`` (made
     here when not given) gets each case as it finishes, so a caller interrupted mid-run still has
-    the finished ones."""
+    the finished ones; ``on_case`` (default: its line on stderr, with ``options.progress``) is
+    called with each, once."""
+    on_case = on_case or (_print_case if options.progress else None)
     validate_plan(plan)
     report = report if report is not None else SeedReport(str(plan.path), options.check_only)
-    start = time.perf_counter()
-    variants = plan_variants(plan, options)
-    for variant in variants:
-        if variant.merged:
-            also = "; ".join(c.where for c in variant.merged)
-            print(f"{plan.path}: {also}: the same variant as {variant.combination.where}; merged into one case",
-                  file=sys.stderr, flush=True)
-    for variant in variants:
-        case = run_combination(variant, options)
-        report.cases.append(case)
+    start, first = time.perf_counter(), len(report.cases)
+    variants: list[PlannedVariant] = []
+    try:
+        variants = plan_variants(plan, options)
+        for variant in variants:
+            if variant.merged:
+                also = "; ".join(c.where for c in variant.merged)
+                print(f"{plan.path}: {also}: the same variant as {variant.combination.where}; merged into one case",
+                      file=sys.stderr, flush=True)
+        for variant in variants:
+            case = run_combination(variant, options)
+            report.cases.append(case)
+            report.seconds = time.perf_counter() - start
+            if on_case is not None:
+                on_case(case)
+    except KeyboardInterrupt as interrupt:
         report.seconds = time.perf_counter() - start
-        if options.progress:
-            print(case.summary(), file=sys.stderr, flush=True)
+        _report_the_rest(report, variants or [PlannedVariant(c, None) for c in plan.combinations],
+                         len(report.cases) - first, interrupt)
+        raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _report_the_rest(report: SeedReport, variants: list[PlannedVariant], done: int,
+                     interrupt: KeyboardInterrupt) -> None:
+    """An interrupted run still reports every planned variant: the one running (or next) when the
+    signal came as :data:`INTERRUPTED`, the others as :data:`SKIPPED`, each saying why."""
+    why = f"{report.command} was interrupted by {signal_name(interrupt)}"
+    for index, variant in enumerate(variants[done:]):
+        merged = tuple(variant.merged)
+        if index == 0:
+            running = getattr(interrupt, "case", None)
+            report.cases.append(running or CaseResult(variant.combination, INTERRUPTED,
+                                                      f"interrupted by {signal_name(interrupt)} before it started",
+                                                      merged=merged))
+        else:
+            report.cases.append(CaseResult(variant.combination, SKIPPED, f"not run: {why}", merged=merged))
 
 
 # -- what a plan keeps (tt-cache gc --keep-plan) --------------------------------------------------

@@ -12,7 +12,6 @@ import sys
 from models.seeding.plan import Combination
 from models.seeding.progress import PipeProgress
 
-
 BUILD_MODULES = frozenset({"torch", "ttnn", "transformers", "safetensors", "numpy"})  # what a light install lacks
 
 
@@ -22,9 +21,8 @@ def main(argv: list[str]) -> int:
     combination = Combination(raw["model"], raw["mesh"], raw["precision"], raw.get("family"),
                               tuple(raw["components"]) if raw.get("components") else None)
     try:
-        from models.seeding.runner import SeedInputError, open_model
-
         from models.seeding import seed_models
+        from models.seeding.runner import SeedInputError, open_model
 
         loader, _ = open_model(combination, spec.get("cache_root"))
         (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),

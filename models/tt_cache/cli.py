@@ -164,9 +164,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_seed(args: argparse.Namespace) -> int:
     """Seed or check a plan. The reports asked for (``--report``, ``--junit``, GitHub's summary and
     outputs) are written whatever ends the run: a bad plan, an interruption, an internal error."""
-    from models.seeding.report import BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, SeedReport
+    from models.seeding.report import BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, SeedReport, signal_name
 
-    signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job: end the running seed's worker too
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a cancelled CI job: end the running seed's worker too
+        signal.signal(signum, _interrupt)
     report = SeedReport(str(args.plan), args.check)
     try:
         _run_seed(args, report)
@@ -174,14 +175,15 @@ def cmd_seed(args: argparse.Namespace) -> int:
         error.document = _stop_seed(args, report, str(error), BAD_INPUT)
         raise
     except KeyboardInterrupt as error:
-        error.document = _stop_seed(args, report, "interrupted", INTERRUPTED)  # type: ignore[attr-defined]
+        why = f"interrupted by {signal_name(error)}"
+        error.document = _stop_seed(args, report, why, INTERRUPTED)  # type: ignore[attr-defined]
         raise
     except Exception as error:
         why = f"internal error: {type(error).__name__}: {error}"
         error.document = _stop_seed(args, report, why, INTERNAL_ERROR)  # type: ignore[attr-defined]
         raise
     _write_seed_reports(args, report)
-    emit(args, report.as_json(), report.summary_lines())
+    emit(args, report.as_json(), report.summary_lines(cases=False))  # each case's line was printed as it ended
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -199,15 +201,22 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
     options = SeedOptions(check_only=args.check, cache_root=args.cache_root, stall_timeout=args.stall_timeout,
                           log_every=args.progress_every, workers=args.workers,
                           address=args.address)
+    stream = sys.stderr if args.json else sys.stdout  # --json: stdout holds the document only
+
+    def print_case(case: Any) -> None:
+        print(case.summary(), file=stream, flush=True)
+
     try:
-        run_plan(plan, options, report)
+        run_plan(plan, options, report, print_case)
     except SeedInputError as error:
         raise CliError(str(error)) from None
 
 
 def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
-    """``--report`` (JSON), ``--junit``, and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
+    """``--report`` (JSON), ``--junit``, ``--history`` (this run's line; a file that cannot be written
+    fails the run after the GitHub files), and ``$GITHUB_STEP_SUMMARY`` / ``$GITHUB_OUTPUT`` when set."""
     from models.seeding.github import append_github_files
+    from models.seeding.history import RunRecord, append_record, read_records
     from models.seeding.report import write_json_report, write_junit
 
     for path, write in ((args.report, write_json_report), (args.junit, write_junit)):
@@ -216,10 +225,20 @@ def _write_seed_reports(args: argparse.Namespace, report: Any) -> None:
                 write(report, Path(path))
             except OSError as error:
                 raise CliError(f"{path}: cannot write the report ({error.strerror or error})") from None
+    history: list[Any] = []
+    problem = None
+    if args.history:  # this run's record first: the summary's trend ends with it
+        try:
+            append_record(Path(args.history), RunRecord.of(report))
+            history = read_records(Path(args.history))
+        except OSError as error:
+            problem = CliError(f"{args.history}: cannot append to the history ({error.strerror or error})")
     try:
-        append_github_files(report)
+        append_github_files(report, history)
     except OSError as error:
         raise CliError(f"{error.filename}: cannot append the GitHub summary or outputs ({error.strerror or error})") from None
+    if problem is not None:
+        raise problem
 
 
 def _stop_seed(args: argparse.Namespace, report: Any, error: str, error_type: str) -> dict[str, Any]:
@@ -314,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     seed.add_argument("--workers", type=int, default=1, metavar="N",
                       help="convert each model on a local Ray instance of N CPUs (default 1: in one process)")
     seed.add_argument("--address", help="convert on an existing Ray cluster (ray://host:port or auto)")
+    seed.add_argument("--history", metavar="FILE.jsonl",
+                      help="append this run's record (JSON lines); the GitHub summary shows the trend of the last runs")
 
     gc = _add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
     gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")

@@ -109,21 +109,29 @@ def test_no_ttnn_config_banner_in_seed_or_build_logs(seeded, tmp_path):
 FLOAT = r"(\d+\.\d+)"
 
 
-def _summary_lines(text: str, command: str, verdict: str, plan: Path, cases: int) -> list[re.Match]:
-    """Check the summary's fixed lines; return the matches of the totals row and each case row."""
+def _summary_lines(text: str, command: str, verdict: str, plan: Path, cases: int,
+                   models: int = 1) -> list[re.Match]:
+    """Check the summary's fixed lines; return the matches of the totals row, each model row and
+    each case row."""
     lines = text.split("\n")
     assert lines[:4] == [f"### {command}: {verdict}", "", lines[2], ""], text
     assert re.fullmatch(rf"Plan `{re.escape(str(plan))}`: {cases} variant\(s\) in {FLOAT} s\.", lines[2]), lines[2]
-    assert lines[4:6] == ["| variants | warm | cold | built | failed | cache size | bytes written | seconds saved |",
-                          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"], text
-    totals = re.fullmatch(rf"\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (.+) \| (.+) \| {FLOAT} \|", lines[6])
+    assert lines[4:6] == ["| variants | warm | cold | built | failed | skipped | cache size | bytes written | "
+                          "seconds saved |",
+                          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"], text
+    totals = re.fullmatch(rf"\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (.+) \| (.+) \| {FLOAT} \|",
+                          lines[6])
     assert totals and lines[7] == "", text
-    assert lines[8:10] == ["| variant | outcome | seconds | cold build seconds | size | reason |",
-                           "| --- | --- | ---: | ---: | ---: | --- |"], text
+    assert lines[8:10] == ["| model | variants | warm | cache size |", "| --- | ---: | ---: | ---: |"], text
+    per_model = [re.fullmatch(r"\| `(.+?)` \| (\d+) \| (\d+) \| (.+) \|", line) for line in lines[10:10 + models]]
+    assert all(per_model) and lines[10 + models] == "", text
+    at = 11 + models
+    assert lines[at:at + 2] == ["| variant | outcome | seconds | cold build seconds | size | reason |",
+                                "| --- | --- | ---: | ---: | ---: | --- |"], text
     rows = [re.fullmatch(rf"\| `(.+?)`(?: \(also (.+)\))? \| (\w+) \| {FLOAT} \| (-|{FLOAT}) \| (.+) \| (.*) \|", line)
-            for line in lines[10:10 + cases]]
-    assert all(rows) and lines[10 + cases:] == ["", ""], text
-    return [totals, *rows]
+            for line in lines[at + 2:at + 2 + cases]]
+    assert all(rows) and lines[at + 2 + cases:] == ["", ""], text
+    return [totals, *per_model, *rows]
 
 
 def _size(nbytes: int) -> str:
@@ -133,13 +141,17 @@ def _size(nbytes: int) -> str:
 
 def test_seed_writes_the_job_summary_and_step_outputs(seeded):
     files, report = seeded["files"], json.loads((seeded["root"] / "seed.json").read_text())
-    assert files["output"].read_text() == "cache-hit=false\nvariants=2\nwarm=0\ncold=0\nbuilt=2\nfailed=0\n"
-    totals, *rows = _summary_lines(files["summary"].read_text(), "tt-cache seed", "ok", seeded["plan"], 2)
+    assert files["output"].read_text() == "cache-hit=false\nvariants=2\nwarm=0\ncold=0\nbuilt=2\nfailed=0\nskipped=0\n"
+    totals, model, *rows = _summary_lines(files["summary"].read_text(), "tt-cache seed", "ok", seeded["plan"], 2)
     written = sum(case["bytes_written"] for case in report["cases"])
     markers = _markers(seeded["root"] / "cache")
     size = sum(record["bytes"] for marker in markers.values() for record in marker["files"] + [marker["host_sidecar"]]
                if record)
-    assert totals.groups() == ("2", "0", "0", "2", "0", _size(size), _size(written), "0.00")
+    on_disk = sum(path.stat().st_size for marker in markers for path in Path(marker).rglob("*")
+                  if path.is_file() and not path.name.startswith("."))
+    assert size == on_disk  # what the markers recorded is what is on disk
+    assert totals.groups() == ("2", "0", "0", "2", "0", "0", _size(size), _size(written), "0.00")
+    assert model.groups() == ("tiny-org/tiny-llama", "2", "0", _size(size))  # the one model: all of the cache
     for row, case in zip(rows, report["cases"]):
         assert row.group(1) == case["case"] and row.group(2) == f"`{case['merged'][0]['entry']} {case['merged'][0]['case']}`"
         assert row.group(3) == "seeded" and row.group(5) == f"{markers[case['cache_dir']]['build_seconds']:.3f}"
@@ -151,11 +163,11 @@ def test_check_of_a_warm_plan_is_a_cache_hit_and_says_what_it_saved(seeded, tmp_
     env = {**seeded["env"], "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output)}
     check = tt_cache("seed", "--plan", str(seeded["plan"]), "--check", "--report", str(report_file), env=env)
     assert check.returncode == 0, check.stderr[-2000:]
-    assert output.read_text() == "cache-hit=true\nvariants=2\nwarm=2\ncold=0\nbuilt=0\nfailed=0\n"
+    assert output.read_text() == "cache-hit=true\nvariants=2\nwarm=2\ncold=0\nbuilt=0\nfailed=0\nskipped=0\n"
     text = summary.read_text()
     assert text.startswith("# earlier step\n")
-    totals, *rows = _summary_lines(text.removeprefix("# earlier step\n"), "tt-cache check", "cache hit",
-                                   seeded["plan"], 2)
+    totals, model, *rows = _summary_lines(text.removeprefix("# earlier step\n"), "tt-cache check", "cache hit",
+                                          seeded["plan"], 2)
     report, markers = json.loads(report_file.read_text()), _markers(seeded["root"] / "cache")
     saved = 0.0
     for row, case in zip(rows, report["cases"]):
@@ -165,8 +177,9 @@ def test_check_of_a_warm_plan_is_a_cache_hit_and_says_what_it_saved(seeded, tmp_
         assert row.group(3) == "warm" and row.group(5) == f"{build:.3f}"
         assert float(row.group(4)) == pytest.approx(case["seconds"], abs=1e-3)
         saved += case["seconds_saved"]
-    assert totals.groups()[:5] == ("2", "2", "0", "0", "0") and totals.group(7) == "0 B"
-    assert float(totals.group(8)) == pytest.approx(saved, abs=0.011) and report["statistics"]["cache_hit"]
+    assert totals.groups()[:6] == ("2", "2", "0", "0", "0", "0") and totals.group(8) == "0 B"
+    assert float(totals.group(9)) == pytest.approx(saved, abs=0.011) and report["statistics"]["cache_hit"]
+    assert model.groups() == ("tiny-org/tiny-llama", "2", "2", totals.group(7))
 
     cold_plan = tmp_path / "plan.yaml"  # one more precision, never seeded: a miss
     cold_plan.write_text(json.dumps({"models": [{"model": "tiny-org/tiny-llama", "meshes": ["N150"],
@@ -174,11 +187,12 @@ def test_check_of_a_warm_plan_is_a_cache_hit_and_says_what_it_saved(seeded, tmp_
     output.unlink()
     miss = tt_cache("seed", "--plan", str(cold_plan), "--check", env=env)
     assert miss.returncode == 1
-    assert output.read_text() == "cache-hit=false\nvariants=2\nwarm=1\ncold=1\nbuilt=0\nfailed=0\n"
+    assert output.read_text() == "cache-hit=false\nvariants=2\nwarm=1\ncold=1\nbuilt=0\nfailed=0\nskipped=0\n"
     text = summary.read_text()
     assert text.count("### tt-cache check: ") == 2  # appended after the first check's summary
-    totals, warm, cold = _summary_lines(text[text.rindex("### "):], "tt-cache check", "FAILED", cold_plan, 2)
-    assert totals.groups()[:5] == ("2", "1", "1", "0", "0")
+    totals, model, warm, cold = _summary_lines(text[text.rindex("### "):], "tt-cache check", "FAILED", cold_plan, 2)
+    assert totals.groups()[:6] == ("2", "1", "1", "0", "0", "0")
+    assert model.groups() == ("tiny-org/tiny-llama", "2", "1", totals.group(7))  # the cold variant has no size
     assert (warm.group(3), cold.group(3), cold.group(5), cold.group(7)) == ("warm", "cold", "-", "-")
     assert json_out(tt_cache("seed", "--plan", str(cold_plan), "--check", "--json", env=seeded["env"]))[
         "cases"][1]["reason"] == cold.group(8).replace("\\|", "|")
@@ -226,7 +240,7 @@ def test_a_bad_plan_still_writes_every_report_asked_for(tmp_path, kind):
     assert printed["exit_code"] == 2 and printed["error"] == line.removeprefix("tt-cache seed: ")
     assert printed["schema_version"] == 1 and printed["error_type"] == "bad_input"
 
-    assert (tmp_path / "output").read_text() == "cache-hit=false\nvariants=0\nwarm=0\ncold=0\nbuilt=0\nfailed=0\n"
+    assert (tmp_path / "output").read_text() == "cache-hit=false\nvariants=0\nwarm=0\ncold=0\nbuilt=0\nfailed=0\nskipped=0\n"
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("### tt-cache check: error (bad_input)\n") and f"> **bad_input**: {plan}" in summary
     assert not (tmp_path / "cache").exists()

@@ -163,9 +163,9 @@ def test_streaming_seed_memory_is_flat_in_model_size_and_fits_a_limit_the_cold_b
 def test_partitioned_conversion_writes_the_files_of_a_single_process_seed(family, tiny, tmp_path):
     """What every Ray task runs (``convert_part``), here in-process: the parts together write every
     tensorbin of the build with the single-process seed's digests, and no file twice."""
+    from models.common.build_plan import partition, plan_weights
     from models.common.weight_cache.marker import build_relative
     from models.seeding.ray_seed import LoaderSpec, convert_part
-    from models.common.build_plan import partition, plan_weights
 
     cls = loader_class(family)
     single = cls(tiny[family], cache_root=tmp_path / "one", mesh_shape=(1, 2))

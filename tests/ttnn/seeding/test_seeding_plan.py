@@ -24,8 +24,8 @@ import pytest
 
 from models.seeding.plan import Combination, PlanError, parse_plan
 from models.testing.llama_shaped import make_llama_shaped
-from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
+from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 
 
 def _junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
@@ -258,6 +258,6 @@ def test_a_cancelled_seed_leaves_no_worker_behind_and_reports_the_interruption(t
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"worker {alive} outlived the cancelled seed"
     report = json.loads((tmp_path / "seed.json").read_text())
-    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted", "interrupted", False)
+    assert (report["error"], report["error_type"], report["ok"]) == ("interrupted by SIGTERM", "interrupted", False)
     (case,) = ET.parse(tmp_path / "seed.xml").getroot().iter("testcase")
     assert case.find("error").get("type") == "interrupted"

@@ -125,6 +125,25 @@ def test_the_seed_steps_outputs_are_used():
     assert outputs["cache-hit"] == f"${{{{ steps.{seeding['seed']}.outputs.cache-hit }}}}"
 
 
+def test_each_job_keeps_its_run_history_between_runs():
+    """The ``--history`` file of each job's seed step is restored before it (the newest entry) and
+    saved after it, whatever the step's end, under a key of its own per run (entries are immutable)."""
+    for job in ("seed", "validate"):
+        steps = _steps(job)
+        (at,) = [index for index, step in enumerate(steps) if "tt-cache seed" in step.get("run", "")]
+        words = shlex.split(steps[at]["run"].replace("\\\n", " ").splitlines()[-1])
+        history = words[words.index("--history") + 1]
+        restore = [(index, step) for index, step in enumerate(steps) if step.get("uses") == "actions/cache/restore@v4"]
+        save = [(index, step) for index, step in enumerate(steps) if step.get("uses") == "actions/cache/save@v4"]
+        assert len(restore) == len(save) == 1, job
+        (before, restored), (after, saved) = restore[0], save[0]
+        assert before < at < after and saved.get("if") == "always()", job
+        assert restored["with"]["path"] == saved["with"]["path"] == history, job
+        prefix = restored["with"]["restore-keys"]
+        assert saved["with"]["key"] == restored["with"]["key"] and saved["with"]["key"].startswith(prefix), job
+        assert "${{ github.run_id }}" in saved["with"]["key"] and "${{ github.run_attempt }}" in saved["with"]["key"]
+
+
 def test_the_shipped_plan_parses():
     plan = load_plan(REPO_ROOT / ".github" / "warm-cache-plan.yaml")
     assert len(plan.combinations) == 6

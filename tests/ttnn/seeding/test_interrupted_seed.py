@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A cancelled CI job (a real SIGTERM or SIGINT of a real ``tt-cache seed`` mid-plan) still reports
+every planned variant: the finished ones as they ended, the one running as interrupted, the rest
+as skipped with the reason, in the JUnit XML, the JSON report and the GitHub job summary."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import psutil
+import pytest
+
+from models.testing.tiny_models import make_checkpoint
+from models.testing.tt_cache import REPO_ROOT, cli_env
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> dict:
+    """Four variants of two tiny checkpoints; the first one already warm, so it finishes at once."""
+    from models.registry import loader_class
+
+    root = tmp_path_factory.mktemp("interrupted")
+    llama, qwen = make_checkpoint("llama", root / "tiny-llama"), make_checkpoint("qwen3", root / "tiny-qwen3")
+    loader_class("llama")(llama, cache_root=root / "cache", precision="bfloat16").seed()
+    path = root / "plan.yaml"
+    path.write_text(json.dumps({"models": [
+        {"model": str(llama), "meshes": ["N150", "N300"], "precisions": ["bfloat16"]},
+        {"model": str(qwen), "meshes": ["N150"], "precisions": ["bfloat16"]},
+        {"model": str(llama), "meshes": ["N150"], "precisions": ["bfloat8_b"]},
+    ]}))
+    return {"root": root, "path": path, "llama": llama, "qwen": qwen}
+
+
+def _workers(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(pid).children() if "models.seeding.worker" in p.cmdline()]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signum):
+    name, llama = signum.name, plan["llama"]
+    files = {kind: tmp_path / f"seed.{kind}" for kind in ("xml", "json", "md", "out", "jsonl")}
+    env = {**cli_env(plan["root"] / "cache"), "PYTHONUNBUFFERED": "1",
+           "GITHUB_STEP_SUMMARY": str(files["md"]), "GITHUB_OUTPUT": str(files["out"])}
+    seed = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(plan["path"]),
+                             "--junit", str(files["xml"]), "--report", str(files["json"]),
+                             "--history", str(files["jsonl"])],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in seed.stdout:  # stderr merged in, as a CI log has it
+        log.append(line)
+        if line.startswith(f"{llama} [N150 bfloat16]: warm"):
+            break
+    deadline, workers = time.monotonic() + 120, []
+    while not workers and time.monotonic() < deadline and seed.poll() is None:
+        workers = _workers(seed.pid)
+        time.sleep(0.05)
+    assert workers, "the second variant's seed never started:\n" + "".join(log[-30:])
+    seed.send_signal(signum)
+    rest, _ = seed.communicate(timeout=120)
+    log = "".join(log) + rest
+    assert seed.returncode == 130 and "tt-cache seed: interrupted" in log and "Traceback" not in log, log[-3000:]
+    assert not psutil.wait_procs(workers, timeout=10)[1], "a seed worker outlived the interrupted seed"
+    assert log.count(f"{llama} [N150 bfloat16]: warm") == 1, log[-3000:]
+
+    suite = ET.parse(files["xml"]).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert [(case.get("classname"), case.get("name")) for case in cases] == [
+        (str(llama), "N150 bfloat16"), (str(llama), "N300 bfloat16"), (str(plan["qwen"]), "N150 bfloat16"),
+        (str(llama), "N150 bfloat8_b")]  # every planned variant, no other case
+    assert [suite.get(key) for key in ("tests", "failures", "errors", "skipped")] == ["4", "0", "1", "2"]
+    assert cases[0].find("system-out") is not None and len(cases[0]) == 1
+    error = cases[1].find("error")
+    assert error.get("type") == "interrupted" and error.get("message").startswith(
+        f"interrupted by {name} while it ran, "), error.get("message")
+    for case in cases[2:]:
+        (skipped,) = case
+        assert skipped.tag == "skipped" and skipped.get("message") == f"not run: tt-cache seed was interrupted by {name}"
+
+    report = json.loads(files["json"].read_text())
+    assert [case["outcome"] for case in report["cases"]] == ["warm", "interrupted", "skipped", "skipped"]
+    assert (report["error"], report["error_type"]) == (f"interrupted by {name}", "interrupted")
+    assert report["counts"] == {"warm": 1, "interrupted": 1, "skipped": 2}
+    assert (report["statistics"]["skipped"], report["statistics"]["failed"]) == (2, 1)
+    assert all(case["reason"] == f"not run: tt-cache seed was interrupted by {name}" for case in report["cases"][2:])
+
+    summary = files["md"].read_text()
+    assert summary.startswith("### tt-cache seed: error (interrupted)\n")
+    assert "| 4 | 1 | 0 | 0 | 1 | 2 |" in summary and summary.count("` | skipped | ") == 2
+    assert files["out"].read_text().endswith("failed=1\nskipped=2\n")
+    (record,) = [json.loads(line) for line in files["jsonl"].read_text().splitlines()]  # the run's history line
+    assert record["outcomes"] == {"interrupted": 1, "skipped": 2, "warm": 1} and record["hit_rate"] == 0.25
+    assert record["error_type"] == "interrupted" and "#### Trend over the last 1 run(s)" in summary
+    assert not list((plan["root"] / "cache").glob("tiny-llama--*/bfloat16/mesh_1x2/.weights_complete.*"))
