@@ -33,13 +33,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from models.common.fileio import CONTENT_DIGEST_ALGORITHM, atomic_write_bytes, digest_fd
+from models.common.fileio import CONTENT_DIGEST_ALGORITHM, atomic_write_bytes, digest_fd, open_regular
+from models.common.weight_cache.side_files import read_json_record
 
 FINE_TICK_NS = 20_000_000  # local file systems that stamp with the kernel's clock (a jiffy is <= 10 ms)
 COARSE_TICK_NS = 2_000_000_000  # FAT's 2 s; NFS and unknown file systems (server clocks, coarse stamps)
 MAX_SETTLE_WAIT_NS = 50_000_000  # a build waits at most this long for its newest files to settle
 STAMPS_PER_PATH = 4
 INDEX_FORMAT = 1
+MAX_INDEX_BYTES = 64 << 20  # ~200 bytes per stamp, four stamps per file: 80,000 files
+INDEX_MAX_DEPTH = 4
+_MAX_STAMP_VALUE = 1 << 80  # inodes, sizes and times: far below
 
 # statfs f_type of file systems that keep nanosecond stamps from the local kernel clock
 _FINE_FILE_SYSTEMS = frozenset({
@@ -112,7 +116,7 @@ def hash_stamped(path: str | os.PathLike, algorithm: str = CONTENT_DIGEST_ALGORI
     change shows in the stamp unless it falls within the racy tick, which
     :meth:`FileStamp.settled` accounts for."""
     verified_ns = time.time_ns()
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)  # a FIFO swapped in for a weight file fails here instead of blocking
     try:
         stamp = FileStamp.of(os.fstat(fd))
         return stamp, digest_fd(fd, algorithm), verified_ns
@@ -162,7 +166,7 @@ class StampIndex:
             if not isinstance(relative, str) or not isinstance(stamps, list):
                 continue
             for item in stamps:
-                if (type(item) is list and len(item) == 6 and all(type(v) is int and v >= 0 for v in item[:5])
+                if (type(item) is list and len(item) == 6 and all(type(v) is int and 0 <= v <= _MAX_STAMP_VALUE for v in item[:5])
                         and isinstance(item[5], str) and 0 < len(item[5]) <= 128):
                     self._add(relative, FileStamp(*item[:4]), item[4], item[5])
 
@@ -213,7 +217,6 @@ class StampIndex:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
+    """The index's JSON (``{"format", "entries": {path: [[stamp..., digest]]}}``, four levels), or
+    None: absent, or refused by the side-file reader (a FIFO, too large, too deep, 1e999)."""
+    return read_json_record(path, MAX_INDEX_BYTES, INDEX_MAX_DEPTH)
