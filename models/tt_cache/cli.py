@@ -320,7 +320,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
-    from models.demos.real_models.prepare import PrepareError, prepare_model
+    from models.demos.real_models.prepare import ModelRootError, PrepareError, prepare_model
 
     try:
         model = known_model(args.model)
@@ -328,6 +328,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         raise CliError(f"unknown model {args.model!r}; known: {', '.join(KNOWN_MODELS)}") from None
     try:
         snapshot = prepare_model(model.name, args.model_root)
+    except ModelRootError as error:
+        raise CliError(str(error)) from None
     except PrepareError as error:
         return _fail(args, EXIT_FAILED, str(error))
     emit(args, {"model": model.name, "repo_id": model.repo_id, "snapshot": str(snapshot)}, [str(snapshot)])
