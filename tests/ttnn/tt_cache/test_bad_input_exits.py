@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,20 @@ def test_build_with_a_bad_config_value_is_bad_input_naming_the_field(good, tmp_p
     line = error_line(out, "build")
     assert str(checkpoint / "config.json") in line and BAD_VALUES[kind][1] in line, line
     assert not list((tmp_path / "cache").rglob("*.tensorbin"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep"])
+def test_a_config_json_that_is_a_fifo_or_nested_deep_is_bad_input(good, tmp_path, kind):
+    checkpoint = shutil.copytree(good, tmp_path / "model")
+    config = checkpoint / "config.json"
+    config.unlink()
+    if kind == "fifo":
+        os.mkfifo(config)  # a plain read would wait for a writer forever
+    else:
+        config.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    out = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(tmp_path / "cache"), timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert str(config) in error_line(out, "build")
 
 
 def test_seed_check_with_bad_config_values_fails_each_case_naming_the_field(good, tmp_path):
