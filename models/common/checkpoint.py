@@ -26,11 +26,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from models.common import envs
+from models.common.fileio import read_regular
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 MAX_INDEX_BYTES = 64 << 20
+MAX_CONFIG_BYTES = 16 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -69,11 +71,11 @@ def resolve_checkpoint_dir(model: str | os.PathLike) -> Path | None:
 
 
 def read_config(checkpoint_dir: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((checkpoint_dir / CONFIG_FILE).read_text())
+    try:  # a regular file only: a FIFO named config.json would block the read forever
+        config = json.loads(read_regular(checkpoint_dir / CONFIG_FILE, MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise CheckpointError(f"{checkpoint_dir} has no {CONFIG_FILE}") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"cannot read {checkpoint_dir / CONFIG_FILE}: {error}") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{checkpoint_dir / CONFIG_FILE} is not a JSON object")
@@ -124,12 +126,10 @@ def inside_relative(value: Any, where: str) -> str:
 def _read_index(checkpoint_dir: Path) -> dict[str, str]:
     index = checkpoint_dir / SAFETENSORS_INDEX
     try:
-        with open(index, "rb") as stream:
-            raw = stream.read(MAX_INDEX_BYTES + 1)
-        body = json.loads(raw)
+        body = json.loads(read_regular(index, MAX_INDEX_BYTES))
     except OSError as error:
         raise CheckpointError(f"cannot read {index}: {error.strerror or error}") from None
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise CheckpointError(f"{index} is not JSON: {error}") from None
     weight_map = body.get("weight_map") if isinstance(body, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:

@@ -17,9 +17,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
+def parse_flag(text: str | None) -> bool:
+    """The one reading of an on/off variable: ``1``, ``true``, ``yes`` or ``on`` in any case is on,
+    anything else (unset, empty, ``0``, ``no``) off; ``tt-cache env`` shows what the code acts on."""
+    return (text or "").strip().lower() in TRUE_WORDS
+
+
+def flag(name: str) -> bool:
+    """Whether the on/off variable ``name`` is on (for switches whose name a caller may choose,
+    as the loaders' ``force_env``; the table's own flags read the same as attributes)."""
+    return parse_flag(os.environ.get(name))
+
 
 def _flag(name: str) -> Callable[[], bool]:
-    return lambda: os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return lambda: flag(name)
 
 
 def _text(name: str, default: str | None = None) -> Callable[[], str | None]:
@@ -54,14 +68,14 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         "root of the ttnn weight cache (default ~/.cache/tt-warm-loaders)"),
     "TT_TRANSFORMERS_FORCE_MODEL_LOAD": EnvVar(
         _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
-        "1: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
+        "1/true/yes: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
     "TT_PREFETCH_THREADS": EnvVar(
         _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 4; 0: off)"),
     "TT_USER_STATE": EnvVar(
         lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
         "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),
     # -- tools --------------------------------------------------------------------------------
-    "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1: tt-cache prints the traceback of an internal error"),
+    "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1/true/yes: tt-cache prints the traceback of an internal error"),
     "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
     "GITHUB_STEP_SUMMARY": EnvVar(
         _text("GITHUB_STEP_SUMMARY", ""), "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),

@@ -109,6 +109,48 @@ def temp_writer_alive(path: Path) -> bool:
         os.close(fd)
 
 
+def open_regular(path: str | os.PathLike, *, follow_symlinks: bool = True) -> int:
+    """A read-only fd of ``path`` if it is a regular file, else ``OSError`` (EINVAL).
+
+    Opened ``O_NONBLOCK``, so a FIFO swapped in where a file is expected neither blocks the open
+    (waiting for a writer) nor a read, and checked with ``fstat`` on the opened file (a check by
+    name could be raced); ``follow_symlinks=False`` also refuses a symlink (ELOOP)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    return fd
+
+
+class FileTooLarge(OSError):
+    """A file holds more bytes than its reader accepts."""
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), at most ``max_bytes``:
+    a longer one raises :class:`FileTooLarge`; any other problem raises ``OSError``."""
+    fd = open_regular(path, follow_symlinks=follow_symlinks)
+    try:
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > max_bytes:
+        raise FileTooLarge(errno.EFBIG, f"more than {max_bytes:,} bytes", os.fspath(path))
+    return b"".join(chunks)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -323,7 +365,7 @@ def lock_held_elsewhere(lock_path: Path) -> bool:
     works across PID namespaces (containers) and never mistakes a recycled pid for the writer.
     Opens read-only and never creates the file (a missing lock file has no holder)."""
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO would block a plain open
     except FileNotFoundError:
         return False
     try:

@@ -238,7 +238,7 @@ class WeightLoader(ABC):
         start = time.perf_counter()
         args = self.make_args(self.model_config(), self.num_layers)
         if self.forced:
-            why = "force=True" if self.force else f"{self.force_env}=1"
+            why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
             return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
         if loaded is not None:

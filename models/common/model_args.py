@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+_MAX_COUNT = 1 << 31  # layers, heads, widths, vocabularies, positions: far below
 
 
 @dataclass
@@ -44,6 +47,7 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], num_layers: int | None = None, **overrides: Any) -> ModelArgs:
+        check_config(config)
         text = config.get("text_config") or config
         full = int(text["num_hidden_layers"])
         n_heads = int(text["num_attention_heads"])
@@ -94,3 +98,51 @@ def attention_layer_types(text: dict[str, Any], n_layers: int) -> tuple[str, ...
     else:
         first = 0 if window else n_layers
     return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n_layers))
+
+
+class ConfigFieldError(ValueError):
+    """A ``config.json`` field has a value no model has; the message names the field."""
+
+
+def _count(text: dict[str, Any], name: str, low: int = 1) -> int | None:
+    """The whole number ``text[name]`` in ``[low, 2**31]``, None when absent or null; else raise."""
+    value = text.get(name)
+    if value is None:
+        return None
+    whole = type(value) is int or (type(value) is float and math.isfinite(value) and value.is_integer())
+    if not whole or not low <= value <= _MAX_COUNT:
+        raise ConfigFieldError(f"field {name!r} is {value!r}: expected a whole number from {low} to {_MAX_COUNT:,}")
+    return int(value)
+
+
+def check_config(config: Any) -> None:
+    """Refuse a ``config.json`` whose architecture fields no model has, naming the field: before
+    any arithmetic on them (a zero head count, a vocabulary of 1e400, heads not in whole KV groups
+    would otherwise fail deep in a build as an unexplained error). A missing required field is left
+    to the reader, which names it as missing."""
+    if not isinstance(config, dict):
+        raise ConfigFieldError("config is not a JSON object")
+    text = config.get("text_config") or config
+    if not isinstance(text, dict):
+        raise ConfigFieldError(f"field 'text_config' is {text!r}: expected an object")
+    for name in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "head_dim",
+                 "max_position_embeddings"):
+        _count(text, name)
+    for name in ("num_key_value_heads", "intermediate_size", "sliding_window", "max_window_layers"):  # 0: none or as heads
+        _count(text, name, low=0)
+    heads, kv_heads = _count(text, "num_attention_heads"), _count(text, "num_key_value_heads")
+    if heads is not None and kv_heads and heads % kv_heads:
+        raise ConfigFieldError(f"field 'num_key_value_heads' is {kv_heads}: the {heads} attention heads "
+                               f"(num_attention_heads) do not split into groups of that many")
+    for name in ("rope_scaling", "rope_parameters"):
+        if text.get(name) is not None and not isinstance(text[name], dict):
+            raise ConfigFieldError(f"field {name!r} is {text[name]!r}: expected an object")
+    theta = text.get("rope_theta")
+    if theta is None and isinstance(text.get("rope_parameters"), dict):
+        theta = text["rope_parameters"].get("rope_theta")
+    for name, value in (("rope_theta", theta), ("rms_norm_eps", text.get("rms_norm_eps"))):
+        if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
+            raise ConfigFieldError(f"field {name!r} is {value!r}: expected a positive finite number")
+    layer_types = text.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        raise ConfigFieldError(f"field 'layer_types' is {layer_types!r}: expected a list of strings")

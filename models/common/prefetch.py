@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ from collections.abc import Iterable
 from loguru import logger
 
 from models.common import envs
+from models.common.fileio import open_regular
 
 DEFAULT_THREADS = 4  # as many streams as the parallel-read floor's readers (docs/seeding.md)
 PIECE_BYTES = 16 << 20  # pieces near the consumer: 64 MiB ones let it overtake them (docs/seeding.md)
@@ -71,11 +71,7 @@ def is_cached(fd: int, offset: int, length: int) -> bool:
 def _open_regular(path: str) -> int:
     """An fd of ``path`` if it is a regular file: no symlink followed, and never a FIFO or a
     device a swapped-in name could block or stream on (the loader reports such a file itself)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
+    return open_regular(path, follow_symlinks=False)
 
 
 def read_head(path: str) -> int:

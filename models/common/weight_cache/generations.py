@@ -58,6 +58,7 @@ from models.common.weight_cache.layout import (
     tree_bytes,
 )
 from models.common.weight_cache.marker import named_generation
+from models.common.weight_cache.side_files import bounded_int, read_json_record
 
 MAX_RECORD_BYTES = 4096
 
@@ -83,22 +84,25 @@ class GenerationRecord:
                            "created_ns": self.created_ns, "host": self.host, "pid": self.pid}).encode()
 
 
+_MAX_NS = (1 << 63) - 1
+_MAX_PID = (1 << 31) - 1
+
+
 def _parse_record(directory: Path) -> GenerationRecord | None:
-    """The regular-file record inside ``directory`` (never through a symlink), parsed."""
-    try:
-        fd = os.open(directory / GENERATION_RECORD, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+    """The regular-file record inside ``directory`` (never through a symlink, never a FIFO),
+    parsed and range-checked; anything else is no record (with a warning, by the reader)."""
+    path = directory / GENERATION_RECORD
+    body = read_json_record(path, MAX_RECORD_BYTES, follow_symlinks=False)
+    if body is None:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        body = json.loads(os.read(fd, MAX_RECORD_BYTES))
-        return GenerationRecord(str(body["name"]), str(body["variant"]), str(body["build"]),
-                                int(body["created_ns"]), str(body["host"]), int(body["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    fields = [body.get(key) for key in ("name", "variant", "build", "host")]
+    created_ns, pid = body.get("created_ns"), body.get("pid")
+    if not (all(isinstance(value, str) and len(value) <= 256 for value in fields)
+            and bounded_int(created_ns, 0, _MAX_NS) and bounded_int(pid, 0, _MAX_PID)):
+        logger.warning(f"{path}: not a generation record (a field is missing, mistyped or out of range); ignored")
         return None
-    finally:
-        os.close(fd)
+    name, variant, build, host = fields
+    return GenerationRecord(name, variant, build, created_ns, host, pid)
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -259,7 +263,7 @@ def reader_lease(paths: VariantPaths, generation: str | None) -> Iterator[bool]:
         yield True
         return
     try:
-        fd = os.open(paths.generation_dir(generation) / READERS_LEASE, os.O_RDONLY)
+        fd = os.open(paths.generation_dir(generation) / READERS_LEASE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         yield False
         return

@@ -17,7 +17,7 @@ A cache root (``$TT_CACHE_PATH``)::
                     layers.0/...tensorbin, ...
                     .host_weights[.<tag>].safetensors
                 .retired-g<time>-<token>-<x>/       a generation being deleted
-        .stamps/checkpoints/<name>.json             checkpoint digests, stamped: valid for every client
+        .stamps/checkpoints/<name>--<key>.json      checkpoint digests, stamped, per checkpoint location
         prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
 ``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
@@ -58,6 +58,7 @@ READERS_LEASE = ".readers"
 RETIRED_PREFIX = ".retired-"
 CHECKPOINT_STAMPS = PurePosixPath(".stamps", "checkpoints")
 PREFILL_DIR = "prefill"
+MAX_SHARED_STAMP_INDEXES = 16  # other locations' checkpoint stamps a miss consults
 CONTENT_PREFIX_HEX = 16  # hex digits of the content id in a model dir's name
 PRECISIONS = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")  # ttnn dtypes a cache stores weights in
 
@@ -257,13 +258,37 @@ class CacheRoot:
                     found.append(Path(entry.path))
         return sorted(found)
 
-    def checkpoint_stamps(self, checkpoint_name: str) -> Path:
-        """Stamped digests of a checkpoint's files: in the root, so a reader on a read-only mount
-        reuses what the seeder verified."""
-        return self.path / CHECKPOINT_STAMPS / f"{_file_safe(checkpoint_name)}.json"
+    def checkpoint_stamps(self, checkpoint_name: str, checkpoint_dir: Path) -> Path:
+        """Stamped digests of one checkpoint's files: in the root, so a reader on a read-only mount
+        reuses what the seeder verified; one index per checkpoint location (its resolved path), so
+        checkpoints that share a folder name (``a/model``, ``b/model``) never evict each other's."""
+        return self.path / CHECKPOINT_STAMPS / f"{_file_safe(checkpoint_name)}--{checkpoint_key(checkpoint_dir)}.json"
 
-    def user_checkpoint_stamps(self, checkpoint_name: str) -> Path:
-        return user_state_dir() / "stamps" / f"{path_key(self.path)}.checkpoint.{_file_safe(checkpoint_name)}.json"
+    def shared_checkpoint_stamps(self, checkpoint_name: str, checkpoint_dir: Path) -> list[Path]:
+        """The other indexes of checkpoints of this name (newest first, a few): read, never written,
+        when a file is not in this location's own (the same export seen through another path)."""
+        own, name = self.checkpoint_stamps(checkpoint_name, checkpoint_dir).name, _file_safe(checkpoint_name)
+        found = []
+        with contextlib.suppress(OSError), os.scandir(self.path / CHECKPOINT_STAMPS) as entries:
+            for entry in entries:
+                if entry.name != own and (entry.name == f"{name}.json" or _keyed_stamps(name, entry.name)):
+                    with contextlib.suppress(OSError):
+                        found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
+        return [path for _, path in sorted(found, reverse=True)[:MAX_SHARED_STAMP_INDEXES]]
+
+    def user_checkpoint_stamps(self, checkpoint_name: str, checkpoint_dir: Path) -> Path:
+        return user_state_dir() / "stamps" / (f"{path_key(self.path)}.checkpoint.{_file_safe(checkpoint_name)}--"
+                                              f"{checkpoint_key(checkpoint_dir)}.json")
+
+
+def checkpoint_key(checkpoint_dir: Path) -> str:
+    """Which checkpoint location a stamp index is of: its resolved path (two hosts mounting one
+    export at one path share it; a device number would not be shared)."""
+    return path_key(Path(os.path.realpath(checkpoint_dir)))[:16]
+
+
+def _keyed_stamps(name: str, file_name: str) -> bool:
+    return re.fullmatch(re.escape(name) + r"--[0-9a-f]{16}\.json", file_name) is not None
 
 
 def _file_safe(name: str) -> str:

@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.common.fileio import CONTENT_DIGEST_ALGORITHM
+from models.common.fileio import CONTENT_DIGEST_ALGORITHM, open_regular
 from models.common.weight_cache.layout import is_marker_name, marker_path
+from models.common.weight_cache.side_files import SideFileError, depth_within, parse_json, read_json_document
 from models.common.weight_cache.stamps import FileStamp
 
 WEIGHT_CACHE_FORMAT_VERSION = 6
 MAX_MARKER_BYTES = 512 << 20
+MAX_FREE_FORM_DEPTH = 16  # build_variant, model_info, model_config (a config.json nests 3 or 4 levels)
 _MAX_FILE_BYTES = 1 << 50
 _MAX_DIM = 1 << 40
 _MAX_ELEMENTS = 1 << 50  # a placeholder's size must fit torch's int64 byte count
@@ -243,10 +245,12 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
     """Parse and validate marker bytes; raise :class:`MarkerFormatError` naming the first bad field."""
     _expect(len(raw) <= MAX_MARKER_BYTES, f"marker is {len(raw):,} bytes, more than {MAX_MARKER_BYTES:,}")
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        body = parse_json(raw, None)  # every field is checked below; the free-form ones for depth
+    except SideFileError as error:
         raise MarkerFormatError(f"marker is not UTF-8 JSON: {error}") from None
     _expect(isinstance(body, dict), "marker is not a JSON object")
+    for name in ("build_variant", "model_info", "model_config"):
+        _expect(depth_within(body.get(name), MAX_FREE_FORM_DEPTH), f"{name} is nested deeper than {MAX_FREE_FORM_DEPTH}")
     version = body.get("format_version")
     _expect(
         version == WEIGHT_CACHE_FORMAT_VERSION and type(version) is int,
@@ -312,10 +316,6 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
     )
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
 def marker_json(marker: WeightCacheMarker) -> bytes:
     """The bytes :func:`parse_marker` reads back as ``marker``."""
     body = {
@@ -358,14 +358,18 @@ def read_marker(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] |
 
 def read_marker_file(path: Path) -> WeightCacheMarker:
     try:
-        with open(path, "rb") as stream:
+        fd = open_regular(path)  # a FIFO or device named like a marker is refused, never waited on
+    except FileNotFoundError:
+        raise WeightCacheError(f"no completion marker {path.name} in {path.parent}") from None
+    except OSError as error:
+        raise WeightCacheError(f"cannot read marker {path}: {error.strerror or error}") from None
+    try:
+        with open(fd, "rb", closefd=True) as stream:
             stat = os.fstat(stream.fileno())
             key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
             if key in _MARKER_MEMO:
                 return _MARKER_MEMO[key]
             raw = stream.read(MAX_MARKER_BYTES + 1)
-    except FileNotFoundError:
-        raise WeightCacheError(f"no completion marker {path.name} in {path.parent}") from None
     except OSError as error:
         raise WeightCacheError(f"cannot read marker {path}: {error.strerror or error}") from None
     try:
@@ -401,11 +405,7 @@ def iter_markers(cache_dir: str | os.PathLike) -> Iterator[tuple[Path, WeightCac
 def named_generation(marker_file: Path) -> str | None:
     """The generation a marker of any format version names (only its ``generation`` field is read,
     and only if it is a generation's name): what a build must not retire while that marker stands."""
-    try:
-        with open(marker_file, "rb") as stream:
-            body = json.loads(stream.read(MAX_MARKER_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
-        return None
+    body = read_json_document(marker_file, MAX_MARKER_BYTES, None)
     name = body.get("generation") if isinstance(body, dict) else None
     return name if isinstance(name, str) and _GENERATION.fullmatch(name) else None
 

@@ -80,7 +80,9 @@ class CacheRequest:
         if not self.has_checkpoint_weights:
             return None
         root = CacheRoot(self.cache_root)
-        stamps = StampIndex(root.checkpoint_stamps(self.model_name), root.user_checkpoint_stamps(self.model_name))
+        name, location = self.model_name, self.checkpoint_dir
+        stamps = StampIndex(root.checkpoint_stamps(name, location), root.user_checkpoint_stamps(name, location),
+                            root.shared_checkpoint_stamps(name, location))
         return content_id(self.checkpoint_dir, stamps)
 
     @property

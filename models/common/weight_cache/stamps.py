@@ -33,13 +33,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from models.common.fileio import CONTENT_DIGEST_ALGORITHM, atomic_write_bytes, digest_fd
+from models.common.fileio import CONTENT_DIGEST_ALGORITHM, atomic_write_bytes, digest_fd, open_regular
+from models.common.weight_cache.side_files import read_json_record
 
 FINE_TICK_NS = 20_000_000  # local file systems that stamp with the kernel's clock (a jiffy is <= 10 ms)
 COARSE_TICK_NS = 2_000_000_000  # FAT's 2 s; NFS and unknown file systems (server clocks, coarse stamps)
 MAX_SETTLE_WAIT_NS = 50_000_000  # a build waits at most this long for its newest files to settle
 STAMPS_PER_PATH = 4
 INDEX_FORMAT = 1
+MAX_INDEX_BYTES = 64 << 20  # ~200 bytes per stamp, four stamps per file: 80,000 files
+INDEX_MAX_DEPTH = 4
+_MAX_STAMP_VALUE = 1 << 80  # inodes, sizes and times: far below
 
 # statfs f_type of file systems that keep nanosecond stamps from the local kernel clock
 _FINE_FILE_SYSTEMS = frozenset({
@@ -112,7 +116,7 @@ def hash_stamped(path: str | os.PathLike, algorithm: str = CONTENT_DIGEST_ALGORI
     change shows in the stamp unless it falls within the racy tick, which
     :meth:`FileStamp.settled` accounts for."""
     verified_ns = time.time_ns()
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)  # a FIFO swapped in for a weight file fails here instead of blocking
     try:
         stamp = FileStamp.of(os.fstat(fd))
         return stamp, digest_fd(fd, algorithm), verified_ns
@@ -140,10 +144,14 @@ class StampIndex:
     ``path`` is the shared location; ``fallback`` the per-user one used when ``path`` cannot be
     written. Reads merge both. Only settled stamps are ever recorded (see the module doc)."""
 
-    def __init__(self, path: Path, fallback: Path | None = None) -> None:
+    def __init__(self, path: Path, fallback: Path | None = None, shared: Iterable[Path] = ()) -> None:
+        """``shared``: other owners' indexes, only read, and only when this one misses (the
+        seeder's stamps of the same files, seen through another path)."""
         self.path = Path(path)
         self.fallback = Path(fallback) if fallback is not None else None
+        self.shared = [Path(location) for location in shared]
         self._entries: dict[str, list[tuple[FileStamp, int, str]]] | None = None
+        self._shared_entries: dict[str, list[tuple[FileStamp, int, str]]] | None = None
         self._dirty = False
 
     def _load(self) -> dict[str, list[tuple[FileStamp, int, str]]]:
@@ -151,31 +159,22 @@ class StampIndex:
             self._entries = {}
             for location in (self.fallback, self.path):
                 if location is not None:
-                    self._merge(_read_json(location))
+                    _merge(self._entries, _read_json(location))
         return self._entries
 
-    def _merge(self, body: Any) -> None:
-        entries = body.get("entries") if isinstance(body, dict) and body.get("format") == INDEX_FORMAT else None
-        if not isinstance(entries, dict):
-            return
-        for relative, stamps in entries.items():
-            if not isinstance(relative, str) or not isinstance(stamps, list):
-                continue
-            for item in stamps:
-                if (type(item) is list and len(item) == 6 and all(type(v) is int and v >= 0 for v in item[:5])
-                        and isinstance(item[5], str) and 0 < len(item[5]) <= 128):
-                    self._add(relative, FileStamp(*item[:4]), item[4], item[5])
-
     def _add(self, relative: str, stamp: FileStamp, verified_ns: int, digest: str) -> None:
-        known = [entry for entry in self._entries.setdefault(relative, []) if entry[0] != stamp]
-        self._entries[relative] = sorted([(stamp, verified_ns, digest), *known], key=lambda e: -e[1])[:STAMPS_PER_PATH]
+        _add(self._entries, relative, stamp, verified_ns, digest)
 
     def lookup(self, relative: str, stamp: FileStamp) -> str | None:
-        """The digest recorded for this file in exactly this state, or None."""
-        for known, _, digest in self._load().get(relative, ()):
-            if known == stamp:
-                return digest
-        return None
+        """The digest recorded for this file in exactly this state (here, else in a shared index), or None."""
+        found = _find(self._load(), relative, stamp)
+        if found is None and self.shared:
+            if self._shared_entries is None:
+                self._shared_entries = {}
+                for location in self.shared:
+                    _merge(self._shared_entries, _read_json(location))
+            found = _find(self._shared_entries, relative, stamp)
+        return found
 
     def record(self, relative: str, stamp: FileStamp, digest: str, verified_ns: int, tick_ns: int) -> None:
         """Remember a digest computed from a hash begun at ``verified_ns``, if the stamp is settled."""
@@ -212,8 +211,36 @@ class StampIndex:
         return sum(len(stamps) for stamps in self._load().values())
 
 
+Entries = dict[str, list[tuple[FileStamp, int, str]]]
+
+
+def _find(entries: Entries, relative: str, stamp: FileStamp) -> str | None:
+    for known, _, digest in entries.get(relative, ()):
+        if known == stamp:
+            return digest
+    return None
+
+
+def _add(entries: Entries, relative: str, stamp: FileStamp, verified_ns: int, digest: str) -> None:
+    known = [entry for entry in entries.setdefault(relative, []) if entry[0] != stamp]
+    entries[relative] = sorted([(stamp, verified_ns, digest), *known], key=lambda e: -e[1])[:STAMPS_PER_PATH]
+
+
+def _merge(entries: Entries, body: Any) -> None:
+    """Add the valid stamps of an index's JSON to ``entries`` (anything malformed is skipped)."""
+    recorded = body.get("entries") if isinstance(body, dict) and body.get("format") == INDEX_FORMAT else None
+    if not isinstance(recorded, dict):
+        return
+    for relative, stamps in recorded.items():
+        if not isinstance(relative, str) or not isinstance(stamps, list):
+            continue
+        for item in stamps:
+            if (type(item) is list and len(item) == 6 and all(type(v) is int and 0 <= v <= _MAX_STAMP_VALUE for v in item[:5])
+                    and isinstance(item[5], str) and 0 < len(item[5]) <= 128):
+                _add(entries, relative, FileStamp(*item[:4]), item[4], item[5])
+
+
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
+    """The index's JSON (``{"format", "entries": {path: [[stamp..., digest]]}}``, four levels), or
+    None: absent, or refused by the side-file reader (a FIFO, too large, too deep, 1e999)."""
+    return read_json_record(path, MAX_INDEX_BYTES, INDEX_MAX_DEPTH)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from models.common.fileio import atomic_write_bytes
 from models.common.weight_cache.layout import VariantPaths
+from models.common.weight_cache.side_files import read_json_document
 
 MAX_MODEL_IDS = 64
+MAX_MODEL_IDS_BYTES = 1 << 20
 
 
 def _touch(path: Path, *, create_parents: bool = False) -> bool:
@@ -37,7 +40,7 @@ def _touch(path: Path, *, create_parents: bool = False) -> bool:
     try:
         if create_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
         return True
     except OSError:
         return False
@@ -51,15 +54,17 @@ def touch_last_used(paths: VariantPaths) -> None:
 
 def last_used(paths: VariantPaths) -> float | None:
     """The latest recorded use (the cache's record, this user's record), else the marker's mtime."""
-    times = []
-    for path in (paths.last_used, paths.user_last_used):
-        with contextlib.suppress(OSError):
-            times.append(path.stat().st_mtime)
-    if times:
-        return max(times)
-    with contextlib.suppress(OSError):
-        return paths.marker.stat().st_mtime
-    return None
+    times = [when for path in (paths.last_used, paths.user_last_used) if (when := _regular_mtime(path)) is not None]
+    return max(times) if times else _regular_mtime(paths.marker)
+
+
+def _regular_mtime(path: Path) -> float | None:
+    """The mtime of a regular file (a FIFO or device in a record's place records nothing)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime if stat.S_ISREG(info.st_mode) else None
 
 
 def forget_use(paths: VariantPaths) -> None:
@@ -70,10 +75,7 @@ def forget_use(paths: VariantPaths) -> None:
 
 def model_ids(paths: VariantPaths) -> list[str]:
     """The other model ids this variant's build was loaded warm as (see the module doc)."""
-    try:
-        body = json.loads(paths.model_ids.read_bytes())
-    except (OSError, ValueError):
-        return []
+    body = read_json_document(paths.model_ids, MAX_MODEL_IDS_BYTES, 2)
     return [value for value in body if isinstance(value, str)][:MAX_MODEL_IDS] if isinstance(body, list) else []
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -68,7 +69,13 @@ from models.common.fileio import (
     unique_temp_path,
 )
 from models.demos.real_models.known import KNOWN_MODELS, KnownModel, UnknownModelError, known_model
-from models.demos.real_models.source import PrepareError, assemble_gguf, remove_stale_temps, source_identity
+from models.demos.real_models.source import (
+    ModelRootError,
+    PrepareError,
+    assemble_gguf,
+    remove_stale_temps,
+    source_identity,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL_ROOT = REPO_ROOT / "model_data"
@@ -79,7 +86,7 @@ WEIGHTS_NAME = "model.safetensors"
 # ``save_pretrained`` write (the slow test checks it), so snapshots made either way are one.
 RECIPE_VERSION = 1
 
-__all__ = ["PrepareError", "UnknownModelError", "main", "model_snapshot", "prepare_gemma3_270m", "prepare_model"]
+__all__ = ["ModelRootError", "PrepareError", "UnknownModelError", "main", "model_snapshot", "prepare_gemma3_270m", "prepare_model"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +118,7 @@ def resolve_model_root(model_root: Path | str | None = None) -> Path:
         model_root = Path(env) if env else DEFAULT_MODEL_ROOT
     root = Path(model_root).expanduser().absolute()
     if root.exists() and not root.is_dir():
-        raise PrepareError(f"model root {root} exists and is not a directory")
+        raise ModelRootError(f"model root {root} exists and is not a directory")
     return root
 
 
@@ -292,9 +299,15 @@ def prepare_model(name: str, model_root: Path | str | None = None) -> Path:
 
     repo_dir = repo_cache_dir(root, model)
     snapshots = repo_dir / "snapshots"
-    snapshots.mkdir(parents=True, exist_ok=True)
     lock = lock_path(root, model)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for directory in (snapshots, lock.parent):
+            directory.mkdir(parents=True, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):  # made before, by another user or on a read-only mount
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(directory))
+    except OSError as error:
+        raise ModelRootError(f"model root {root} cannot hold a snapshot of {model.name}: cannot write "
+                             f"{error.filename or root} ({error.strerror or error})") from None
     start, cpu = time.perf_counter(), time.process_time()
     snapshot = snapshots / revision(model)
     with file_lock(lock):
@@ -325,7 +338,7 @@ def _table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: prepare MODEL and print its snapshot dir. Exit 0 done, 1 preparing failed, 2 bad usage."""
+    """CLI: prepare MODEL and print its snapshot dir. Exit 0 done, 1 preparing failed, 2 bad usage or model root."""
     parser = argparse.ArgumentParser(
         prog="python -m models.demos.real_models.prepare",
         description="Prepare a known real model once as a Hugging Face checkpoint (hub cache layout); prints its path.",
@@ -349,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         snapshot = prepare_model(args.model, args.model_root)
+    except ModelRootError as error:
+        print(f"{parser.prog}: {error}", file=sys.stderr)
+        return 2
     except PrepareError as error:
         logger.error("prepare {} failed: {}", args.model, error)
         return 1

@@ -37,6 +37,10 @@ class PrepareError(RuntimeError):
     """A model could not be prepared (a missing package, bad input, a failed check)."""
 
 
+class ModelRootError(PrepareError):
+    """The model root cannot hold snapshots (not a directory, not writable): bad input, exit 2."""
+
+
 def gguf_cache_dir() -> Path:
     """Where split GGUFs are assembled: ``$TT_GGUF_CACHE``, else ``$XDG_CACHE_HOME/tt-warm-loaders-gguf``."""
     return envs.TT_GGUF_CACHE

@@ -117,7 +117,7 @@ def test_cli_refuses_an_unknown_model_and_lists_the_known_ones(tmp_path: Path) -
 
 def test_tt_cache_prepare(tmp_path: Path) -> None:
     """``tt-cache prepare MODEL`` is the same prepare: the snapshot dir on stdout (and in ``--json``);
-    an unknown name or a bad model root is one line and exit 2 / 1, no traceback, nothing made."""
+    an unknown name or a bad model root is one line and exit 2, no traceback, nothing made."""
     tt_cache = [sys.executable, "-m", "models.tt_cache.cli"]
     snapshot = prepare_model(SMOLLM2.name)
     done = subprocess.run([*tt_cache, "prepare", SMOLLM2.name], env=_env(), capture_output=True, text=True)
@@ -134,7 +134,7 @@ def test_tt_cache_prepare(tmp_path: Path) -> None:
     not_a_dir.write_text("x")
     bad_root = subprocess.run([*tt_cache, "prepare", SMOLLM2.name, "--model-root", str(not_a_dir)], env=_env(),
                               capture_output=True, text=True)
-    assert bad_root.returncode == 1 and "not a directory" in bad_root.stderr and "Traceback" not in bad_root.stderr
+    assert bad_root.returncode == 2 and "not a directory" in bad_root.stderr and "Traceback" not in bad_root.stderr
     assert not_a_dir.read_text() == "x"
 
 
@@ -146,7 +146,7 @@ def test_bad_model_root_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PrepareError, match="not a directory"):
         prepare_model(SMOLLM2.name, not_a_dir)
     done = _prepare_cli(SMOLLM2.name, "--model-root", str(not_a_dir))
-    assert done.returncode == 1 and "not a directory" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "not a directory" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_missing_or_other_version_packages_name_the_install_command() -> None:

@@ -135,4 +135,4 @@ def test_a_reader_on_a_read_only_mount_reuses_the_seeders_verification(checkpoin
     seen = probe(str(checkpoint), view, env={"HOME": str(fresh_home), "XDG_CACHE_HOME": str(fresh_home / ".cache")})
     assert seen["read"] < (checkpoint / "model.safetensors").stat().st_size // 2
     assert seen["id"] == LlamaLoader(checkpoint, precision="bfloat16").content_id
-    assert CacheRoot(view).checkpoint_stamps("tiny-llama").is_file()
+    assert CacheRoot(view).checkpoint_stamps("tiny-llama", checkpoint).is_file()
