@@ -60,6 +60,7 @@ from models.common.weight_cache.marker import (
 from models.common.weight_cache.stamps import hash_stamped, settle_wait
 from models.common.weight_cache.usage import touch_last_used
 
+
 def seal_files(root: Path, relatives: Sequence[str], prefix: str = "") -> tuple[tuple[FileRecord, ...], int]:
     """Hash and stamp every file (several at once) once the newest has settled; returns the
     records (paths ``prefix + relative``) and the earliest moment a hash began (the marker's

@@ -21,8 +21,10 @@ from models.common.fileio import atomic_output
 from models.common.safetensors_file import SafetensorsFile, write_safetensors
 from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.marker import WeightCacheError, read_marker
+from models.common.weight_cache.stamps import FileStamp
+from models.common.weight_cache.verified_open import open_verified
 
-_SIDECAR_MEMO: dict[tuple[str, int, int, int], dict[str, torch.Tensor]] = {}
+_SIDECAR_MEMO: dict[tuple[str, FileStamp], dict[str, torch.Tensor]] = {}
 
 
 def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
@@ -32,16 +34,30 @@ def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
         write_safetensors(temp, {key: value.detach() for key, value in host.items()})
 
 
-def sidecar_file(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None) -> Path:
-    """Where a variant's sidecar is: the marker says (a build generation's), else the top level."""
-    paths = VariantPaths(Path(cache_dir), build_variant)
-    try:
-        marker = read_marker(paths.cache_dir, build_variant)
-    except WeightCacheError:
-        return paths.file(paths.host_sidecar_name)
-    if marker.host_sidecar is None:
-        return paths.file(paths.host_sidecar_name)
-    return paths.file(marker.host_sidecar.path)
+def read_host_sidecar(path: Path, verified: FileStamp | None, digest: str | None = None) -> dict[str, torch.Tensor]:
+    """The host weights of the sidecar at ``path``, opened once and proved to be the file verified
+    (its stamp ``verified``, else bytes hashing to ``digest``: see
+    :func:`~models.common.weight_cache.verified_open.open_verified`), mapped from that very open.
+    Raises :class:`WeightCacheError`. Memoized on the opened file's identity."""
+    with open_verified(path, verified, what="host sidecar", digest=digest) as opened:
+        key = (opened.source, opened.stamp)
+        tensors = _SIDECAR_MEMO.get(key)
+        if tensors is None:
+            try:
+                sidecar = SafetensorsFile(Path(opened.path))  # zero-copy views: a warm start maps, never copies
+                tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
+            except (OSError, ValueError, RuntimeError) as error:
+                raise WeightCacheError(f"host sidecar {path} is unreadable: {error}") from None
+            _SIDECAR_MEMO.clear()
+            _SIDECAR_MEMO[key] = tensors
+    return tensors
+
+
+def forget_host_sidecar(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Drop the memo of a sidecar whose tensors were handed over (a builder took them)."""
+    for key, memo in list(_SIDECAR_MEMO.items()):
+        if memo is tensors:
+            del _SIDECAR_MEMO[key]
 
 
 def load_host_sidecar(
@@ -49,22 +65,24 @@ def load_host_sidecar(
 ) -> dict[str, torch.Tensor] | None:
     """The real host-consumed weights of a warm build, or None when absent or unreadable.
 
-    Memoized on (path, inode, mtime, size); ``consume=True`` hands the tensors over and drops the
-    memo. The tensors are zero-copy views of the mapped file (pages are read when touched)."""
-    path = sidecar_file(cache_path, build_variant)
+    The file read is the one the marker records (its stamp, or its digest when the stamp moved: a
+    sidecar swapped for another is never served). Memoized on the opened file's identity;
+    ``consume=True`` hands the tensors over and drops the memo. The tensors are zero-copy views
+    of the mapped file (pages are read when touched)."""
+    paths = VariantPaths(Path(cache_path), build_variant)
     try:
-        stat = path.stat()
-        key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        tensors = _SIDECAR_MEMO.get(key)
-        if tensors is None:
-            sidecar = SafetensorsFile(path)  # zero-copy views: a warm start maps, never copies
-            tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
-            _SIDECAR_MEMO.clear()
-            _SIDECAR_MEMO[key] = tensors
-        if consume:
-            _SIDECAR_MEMO.pop(key, None)
-        return tensors
-    except (OSError, ValueError, RuntimeError) as error:
-        if not isinstance(error, FileNotFoundError):
+        record = read_marker(paths.cache_dir, build_variant).host_sidecar
+    except WeightCacheError:
+        record = None
+    path = paths.file(record.path) if record is not None else paths.file(paths.host_sidecar_name)
+    try:
+        if record is None:
+            raise WeightCacheError(f"no marker records a host sidecar in {paths.cache_dir}")
+        tensors = read_host_sidecar(path, record.stamp, record.digest)
+    except WeightCacheError as error:
+        if path.exists():
             logger.warning(f"Host-weights sidecar {path} is unreadable: {error}")
         return None
+    if consume:
+        forget_host_sidecar(tensors)
+    return tensors

@@ -170,34 +170,44 @@ def _count_experts(keys: Iterable[str]) -> int:
     return max(indices) + 1 if indices else 0
 
 
+def cached_state_dict(marker: WeightCacheMarker, host: Mapping[str, torch.Tensor], args: Any = None,
+                      where: str | os.PathLike = "the cache") -> CachedStateDict:
+    """The warm ``state_dict`` of the build ``marker`` records, with its real ``host`` weights
+    (each must be the recorded key, shape and dtype). ``args`` (a ModelArgs-like) gets
+    ``is_mixture_of_experts``, ``moe``, ``num_experts``, ``fuse_qkv`` and ``fuse_mlp`` restored,
+    since a warm build never sees the checkpoint keys they are normally sniffed from."""
+    if set(host) != set(marker.host_weights):
+        raise WeightCacheError(f"host sidecar of {where} does not hold the recorded host weights")
+    for key, value in host.items():
+        recorded = marker.weights.get(key)
+        if recorded is not None and (tuple(value.shape), str(value.dtype)) != (tuple(recorded[0]), recorded[1]):
+            raise WeightCacheError(f"host weight {key} of {where} is {tuple(value.shape)} {value.dtype}, "
+                                   f"the manifest says {tuple(recorded[0])} {recorded[1]}")
+    if args is not None and hasattr(args, "__dict__"):
+        _restore_model_facts(args, marker)
+    logger.info(f"Warm weight cache {where}: {len(marker.weights)} weights, {len(host)} real on host, "
+                "no checkpoint read")
+    return CachedStateDict(marker.weights, host)
+
+
 def build_cached_state_dict(
     cache_path: str | os.PathLike,
     host: Mapping[str, torch.Tensor] | None = None,
     args: Any = None,
     build_variant: Mapping[str, Any] | None = None,
 ) -> CachedStateDict:
-    """The warm ``state_dict`` from the marker's manifest and the host sidecar.
+    """The warm ``state_dict`` from the marker's manifest and the host sidecar (the seed API's
+    entry; the loader's warm read is :class:`~models.common.weight_cache.warm_read.WarmRead`).
 
-    ``host`` may be the sidecar the gate already loaded; otherwise it is taken (and released)
-    from the gate's memo. ``args`` (a ModelArgs-like) gets ``is_mixture_of_experts``, ``moe``,
-    ``num_experts``, ``fuse_qkv`` and ``fuse_mlp`` restored, since a warm build never sees the
-    checkpoint keys they are normally sniffed from."""
+    ``host`` may be sidecar tensors already loaded; otherwise the sidecar the marker records is
+    read (and its memo released), proved to be the recorded file. ``args``: see
+    :func:`cached_state_dict`."""
     marker = read_marker(cache_path, build_variant)
-    if args is not None and hasattr(args, "__dict__"):
-        _restore_model_facts(args, marker)
     if host is None and marker.host_weights:
         host = load_host_sidecar(cache_path, consume=True, build_variant=build_variant)
         if host is None:
             raise WeightCacheError(f"host sidecar of {cache_path} is unreadable or vanished after the gate passed")
-    if set(host or {}) != set(marker.host_weights):
-        raise WeightCacheError(f"host sidecar of {cache_path} does not hold the recorded host weights")
-    logger.info(
-        f"Warm weight cache {cache_path}: {len(marker.weights)} weights, "
-        f"{len(host or {})} real on host, no checkpoint read"
-    )
-    return CachedStateDict(marker.weights, host)
-
-
+    return cached_state_dict(marker, host or {}, args, cache_path)
 
 
 def manifest_of(
