@@ -50,8 +50,19 @@ def after_the_gate(loader, action) -> None:
     loader.status = status
 
 
-def test_a_host_sidecar_replaced_after_the_gate_is_never_served(cache_root, tmp_path):
-    checkpoint = make_checkpoint("gemma3", tmp_path / "tiny-gemma3")
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory) -> Path:
+    """A tiny Gemma 3 checkpoint: its token embedding is a host weight, kept in the sidecar."""
+    return make_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3") / "tiny-gemma3")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return make_checkpoint("llama", tmp_path_factory.mktemp("llama") / "tiny-llama")
+
+
+def test_a_host_sidecar_replaced_after_the_gate_is_never_served(gemma3, cache_root, tmp_path):
+    checkpoint = gemma3
     reference = Gemma3Loader(checkpoint, precision="bfloat16").load()
     embedding = reference.host_weights[HOST_EMBEDDING]
     assert embedding.abs().sum() > 0
@@ -72,8 +83,8 @@ def test_a_host_sidecar_replaced_after_the_gate_is_never_served(cache_root, tmp_
     assert Gemma3Loader(checkpoint, precision="bfloat16").load().warm
 
 
-def test_a_host_sidecar_replaced_after_the_gate_is_never_served_cache_only(cache_root, tmp_path):
-    checkpoint = make_checkpoint("gemma3", tmp_path / "tiny-gemma3")
+def test_a_host_sidecar_replaced_after_the_gate_is_never_served_cache_only(gemma3, cache_root, tmp_path):
+    checkpoint = shutil.copytree(gemma3, tmp_path / "tiny-gemma3")
     Gemma3Loader(checkpoint, precision="bfloat16").load()
     for weights in checkpoint.glob("*.safetensors"):
         weights.unlink()  # a cache-only deploy: no cold fallback, so a clear error
@@ -96,8 +107,8 @@ def test_the_seed_api_never_serves_a_host_sidecar_replaced_after_the_gate(seeded
     assert wc.load_host_sidecar(seeded_cache.root) is None
 
 
-def test_a_tensorbin_renamed_over_as_ttnn_opens_it_is_never_served(cache_root, tmp_path, monkeypatch):
-    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+def test_a_tensorbin_renamed_over_as_ttnn_opens_it_is_never_served(llama, cache_root, tmp_path, monkeypatch):
+    checkpoint = llama
     reference = tensors_of(LlamaLoader(checkpoint, precision="bfloat16").load())
     loader = LlamaLoader(checkpoint, precision="bfloat16")
     marker = read_marker(loader.cache_dir, loader.build_variant)
@@ -120,8 +131,8 @@ def test_a_tensorbin_renamed_over_as_ttnn_opens_it_is_never_served(cache_root, t
     assert same(tensors_of(loaded), reference)  # the file the gate verified, or a cold rebuild: never the intruder
 
 
-def test_a_fifo_renamed_over_a_tensorbin_after_the_gate_is_cold_not_a_hang(cache_root, tmp_path):
-    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+def test_a_fifo_renamed_over_a_tensorbin_after_the_gate_is_cold_not_a_hang(llama, cache_root, tmp_path):
+    checkpoint = llama
     reference = tensors_of(LlamaLoader(checkpoint, precision="bfloat16").load())
     loader = LlamaLoader(checkpoint, precision="bfloat16")
     marker = read_marker(loader.cache_dir, loader.build_variant)
