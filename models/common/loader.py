@@ -48,12 +48,7 @@ from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.host_sidecar import write_host_sidecar
-from models.common.weight_cache.layout import (
-    canonical_variant,
-    normalize_components,
-    normalize_mesh_shape,
-)
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
 from models.common.weight_cache.placeholders import manifest_of
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
@@ -367,13 +362,11 @@ class WeightLoader(ABC):
     def draft_marker(self, args: ModelArgs, state: LazyStateDict, host: dict[str, torch.Tensor]) -> WeightCacheMarker:
         """The marker of a build of this loader, before its files are sealed (the transaction fills them in)."""
         manifest, host = manifest_of(state.manifest_view(host), self.is_host_weight)
-        return WeightCacheMarker(
-            model_name=self.model_name, model_id=self.model_id, content_id=self.content_id, generation=None,
-            n_layers=args.n_layers, mesh_shape=normalize_mesh_shape(self.mesh_shape),
-            components=tuple(normalize_components(self.components)), build_variant=canonical_variant(self.build_variant),
-            is_moe=bool(args.is_mixture_of_experts), model_info=dict(self.model_info(args, state)),
-            model_config=dict(args.config) if args.config is not None else None, files=(),
-            host_weights=tuple(sorted(host)), host_sidecar=None, weights=manifest)
+        return draft_marker(
+            model_name=self.model_name, model_id=self.model_id, content_id=self.content_id, n_layers=args.n_layers,
+            mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant,
+            is_moe=bool(args.is_mixture_of_experts), model_info=self.model_info(args, state),
+            model_config=args.config, weights=manifest, host_weights=host)
 
     def _commit(self, transaction: BuildTransaction, args: ModelArgs, state: LazyStateDict,
                 host: dict[str, torch.Tensor], files: list[str], sidecar: str | None) -> bool:

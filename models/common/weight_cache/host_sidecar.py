@@ -9,18 +9,14 @@ other weight is a placeholder. A build writes them into one safetensors file in 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
-from loguru import logger
 
 from models.common.fileio import atomic_output
 from models.common.safetensors_file import SafetensorsFile, write_safetensors
-from models.common.weight_cache.layout import VariantPaths
-from models.common.weight_cache.marker import WeightCacheError, read_marker
+from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.stamps import FileStamp
 from models.common.weight_cache.verified_open import open_verified
 
@@ -58,31 +54,3 @@ def forget_host_sidecar(tensors: Mapping[str, torch.Tensor]) -> None:
     for key, memo in list(_SIDECAR_MEMO.items()):
         if memo is tensors:
             del _SIDECAR_MEMO[key]
-
-
-def load_host_sidecar(
-    cache_path: str | os.PathLike, *, consume: bool = False, build_variant: Mapping[str, Any] | None = None
-) -> dict[str, torch.Tensor] | None:
-    """The real host-consumed weights of a warm build, or None when absent or unreadable.
-
-    The file read is the one the marker records (its stamp, or its digest when the stamp moved: a
-    sidecar swapped for another is never served). Memoized on the opened file's identity;
-    ``consume=True`` hands the tensors over and drops the memo. The tensors are zero-copy views
-    of the mapped file (pages are read when touched)."""
-    paths = VariantPaths(Path(cache_path), build_variant)
-    try:
-        record = read_marker(paths.cache_dir, build_variant).host_sidecar
-    except WeightCacheError:
-        record = None
-    path = paths.file(record.path) if record is not None else paths.file(paths.host_sidecar_name)
-    try:
-        if record is None:
-            raise WeightCacheError(f"no marker records a host sidecar in {paths.cache_dir}")
-        tensors = read_host_sidecar(path, record.stamp, record.digest)
-    except WeightCacheError as error:
-        if path.exists():
-            logger.warning(f"Host-weights sidecar {path} is unreadable: {error}")
-        return None
-    if consume:
-        forget_host_sidecar(tensors)
-    return tensors

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from loguru import logger
 
-from models.common.weight_cache.host_sidecar import load_host_sidecar
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, read_marker
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker
 
 _TORCH_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
@@ -188,26 +187,6 @@ def cached_state_dict(marker: WeightCacheMarker, host: Mapping[str, torch.Tensor
     logger.info(f"Warm weight cache {where}: {len(marker.weights)} weights, {len(host)} real on host, "
                 "no checkpoint read")
     return CachedStateDict(marker.weights, host)
-
-
-def build_cached_state_dict(
-    cache_path: str | os.PathLike,
-    host: Mapping[str, torch.Tensor] | None = None,
-    args: Any = None,
-    build_variant: Mapping[str, Any] | None = None,
-) -> CachedStateDict:
-    """The warm ``state_dict`` from the marker's manifest and the host sidecar (the seed API's
-    entry; the loader's warm read is :class:`~models.common.weight_cache.warm_read.WarmRead`).
-
-    ``host`` may be sidecar tensors already loaded; otherwise the sidecar the marker records is
-    read (and its memo released), proved to be the recorded file. ``args``: see
-    :func:`cached_state_dict`."""
-    marker = read_marker(cache_path, build_variant)
-    if host is None and marker.host_weights:
-        host = load_host_sidecar(cache_path, consume=True, build_variant=build_variant)
-        if host is None:
-            raise WeightCacheError(f"host sidecar of {cache_path} is unreadable or vanished after the gate passed")
-    return cached_state_dict(marker, host or {}, args, cache_path)
 
 
 def manifest_of(
