@@ -7,10 +7,12 @@ A load goes:
    by what the weights are, not by a folder name, ``$TT_CACHE_PATH/<name>--<content id>/<precision>/
    mesh_<rows>x<cols>``; the same weights under any name share one cache, different weights never
    do; a cache-only deploy is served by the cache of its model id, if its config agrees.
-2. **The gate** (:mod:`models.common.weight_cache.gate`). **Warm**: the state dict is the cache's
+2. **The gate** (:mod:`models.common.weight_cache.gate`). **Warm**, inside one
+   :class:`~models.common.weight_cache.warm_read.WarmRead`: the state dict is the cache's
    placeholders plus the real host weights, every tensor is loaded from the build generation the
-   marker names under a reader lease, checked against the shape, dtype and layout the loader
-   expects, and no checkpoint weight is read (the checkpoint's files were verified once, on first
+   marker names under a reader lease, each file opened once and proved to be the one the gate
+   verified, checked against the shape, dtype and layout the loader expects, and no checkpoint
+   weight is read (the checkpoint's files were verified once, on first
    sight, and are recognised by their stamps). A bad file means cold (or a clear error without a
    checkpoint).
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the

@@ -48,8 +48,8 @@ class CacheStatus:
     restamped: Mapping[str, FileStamp] = field(default_factory=dict)
 
     def verified_stamps(self) -> dict[str, FileStamp | None]:
-        """Every recorded file's stamp as the gate verified it: a loader re-checks it right
-        before opening the file, so a file replaced after the gate is never mapped."""
+        """Every recorded file's stamp as the gate verified it: a warm read checks each file it
+        opens against it, so a file replaced after the gate is never served."""
         if self.marker is None:
             return {}
         return {r.path: self.restamped.get(r.path, r.stamp) for r in self.marker.all_files()}

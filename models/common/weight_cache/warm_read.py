@@ -110,7 +110,8 @@ class WarmRead:
         if record is None:
             return {}
         verified = self.status.verified_stamps().get(record.path)
-        tensors = read_host_sidecar(self.paths.file(record.path), verified)
+        digest = record.digest if verified is None else None  # no stamp to go by: the bytes must match
+        tensors = read_host_sidecar(self.paths.file(record.path), verified, digest)
         forget_host_sidecar(tensors)  # handed over to this read
         return tensors
 

@@ -142,3 +142,17 @@ def test_a_fifo_renamed_over_a_tensorbin_after_the_gate_is_cold_not_a_hang(llama
     after_the_gate(loader, lambda _: fifo.exists() and os.replace(fifo, victim))
     loaded = loader.load()
     assert not loaded.warm and same(tensors_of(loaded), reference)
+
+
+def test_a_tensorbin_renamed_over_after_the_gate_is_cold(llama, cache_root, tmp_path, captured_warnings):
+    reference = tensors_of(LlamaLoader(llama, precision="bfloat16").load())
+    loader = LlamaLoader(llama, precision="bfloat16")
+    marker = read_marker(loader.cache_dir, loader.build_variant)
+    victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
+    spare = tmp_path / "intruder.tensorbin"
+    shutil.copyfile(loader.cache_dir / next(r.path for r in marker.files if "layers.1/attention.wqkv" in r.path), spare)
+    after_the_gate(loader, lambda _: spare.exists() and os.replace(spare, victim))
+    loaded = loader.load()
+    assert not spare.exists()
+    assert not loaded.warm and same(tensors_of(loaded), reference)
+    assert f"{victim} changed after the gate verified it" in captured_warnings()
