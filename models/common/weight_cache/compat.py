@@ -10,7 +10,7 @@ from :func:`build_cached_state_dict`. The project's own loads go through
 
 A marker is what ``tt-cache gc`` deletes by, so it records only files that provably belong to
 the variant: the seed layout's tensorbins, or the files the caller names; never a user's other
-subfolders, never a directory that holds a cache of its own, never another variant's files.
+subfolders, never a directory that holds a cache of its own.
 
 Torch is imported only by the functions that return tensors, so the gate's name stays torch-free.
 """
@@ -38,7 +38,6 @@ from models.common.weight_cache.marker import (
     WeightCacheError,
     draft_marker,
     forget_markers,
-    iter_markers,
     read_marker,
     safe_relative_path,
 )
@@ -71,23 +70,18 @@ def weight_cache_is_complete(
 
 def variant_files(paths: VariantPaths, named: Iterable[str] | None) -> list[str]:
     """The tensorbins a marker of this variant may record: ``named`` (relative paths the caller
-    wrote), else the seed layout's (:func:`~models.common.weight_cache.layout.seed_layout_files`);
-    in both, none another variant's marker here records. Raises :class:`WeightCacheError` for a
-    named file inside a directory that holds a cache of its own (recording it would let ``gc`` of
-    this variant delete that cache's files)."""
+    wrote), else the seed layout's (:func:`~models.common.weight_cache.layout.seed_layout_files`).
+    Variants sharing the dir may record the same files (``gc`` keeps what another marker records).
+    Raises :class:`WeightCacheError` for a named file inside a directory that holds a cache of its
+    own (recording it would let ``gc`` of this variant delete that cache's files)."""
     if named is None:
-        files = seed_layout_files(paths.cache_dir)
-    else:
-        files = sorted({safe_relative_path(relative) for relative in named})
-        for relative in files:
-            inside = nested_cache(paths.cache_dir, relative)
-            if inside is not None:
-                raise WeightCacheError(f"{relative} is inside {inside}, which holds a cache of its own")
-    others: set[str] = set()
-    for marker_file, marker, _ in iter_markers(paths.cache_dir):
-        if marker_file != paths.marker and marker is not None:
-            others |= {record.path for record in marker.all_files()}
-    return [relative for relative in files if relative not in others]
+        return seed_layout_files(paths.cache_dir)
+    files = sorted({safe_relative_path(relative) for relative in named})
+    for relative in files:
+        inside = nested_cache(paths.cache_dir, relative)
+        if inside is not None:
+            raise WeightCacheError(f"{relative} is inside {inside}, which holds a cache of its own")
+    return files
 
 
 def mark_weight_cache_complete(
@@ -113,7 +107,7 @@ def mark_weight_cache_complete(
     shape and dtype); weights matching ``is_host_weight`` are saved real to the safetensors
     sidecar. ``cache_files`` (relative paths) are the files the build wrote; by default, the
     tensorbins at the top of ``cache_path`` and in its ``layers.<n>/`` dirs (see
-    :func:`variant_files`: never a user's other subfolder, a nested cache or another variant's).
+    :func:`variant_files`: never a user's other subfolder or a nested cache).
     They are hashed and stamped, and the marker is published last, by atomic rename. Failing to
     write (read-only or full disk) only warns: the build it records succeeded."""
     from models.common.weight_cache.host_sidecar import write_host_sidecar

@@ -85,9 +85,3 @@ def test_named_files_inside_a_nested_cache_are_refused(crowded, captured_warning
     assert "holds a cache of its own" in captured_warnings()
     assert not wc.marker_path(root).exists()
 
-
-def test_files_another_variant_records_are_not_recorded_again(built_cache):
-    variant = {"family": "other", "precision": "bfloat16"}
-    assert built_cache.mark(build_variant=variant)
-    assert not built_cache.mark()  # every tensorbin here is the other variant's
-    assert not wc.marker_path(built_cache.root).exists()
