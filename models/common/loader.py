@@ -7,10 +7,12 @@ A load goes:
    by what the weights are, not by a folder name, ``$TT_CACHE_PATH/<name>--<content id>/<precision>/
    mesh_<rows>x<cols>``; the same weights under any name share one cache, different weights never
    do; a cache-only deploy is served by the cache of its model id, if its config agrees.
-2. **The gate** (:mod:`models.common.weight_cache.gate`). **Warm**: the state dict is the cache's
+2. **The gate** (:mod:`models.common.weight_cache.gate`). **Warm**, inside one
+   :class:`~models.common.weight_cache.warm_read.WarmRead`: the state dict is the cache's
    placeholders plus the real host weights, every tensor is loaded from the build generation the
-   marker names under a reader lease, checked against the shape, dtype and layout the loader
-   expects, and no checkpoint weight is read (the checkpoint's files were verified once, on first
+   marker names under a reader lease, each file opened once and proved to be the one the gate
+   verified, checked against the shape, dtype and layout the loader expects, and no checkpoint
+   weight is read (the checkpoint's files were verified once, on first
    sight, and are recognised by their stamps). A bad file means cold (or a clear error without a
    checkpoint).
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
@@ -47,22 +49,16 @@ from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
-from models.common.weight_cache.generations import build_lock, owned_generations, reader_lease, retire_unnamed
 from models.common.weight_cache.host_sidecar import write_host_sidecar
-from models.common.weight_cache.layout import (
-    canonical_variant,
-    normalize_components,
-    normalize_mesh_shape,
-)
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, build_relative
-from models.common.weight_cache.placeholders import build_cached_state_dict, manifest_of
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
+from models.common.weight_cache.placeholders import manifest_of
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
-from models.common.weight_cache.usage import add_model_id, touch_last_used
+from models.common.weight_cache.usage import touch_last_used
+from models.common.weight_cache.warm_read import WarmRead
 from models.registry import family_facts
 
 STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
-WARM_LOAD_ATTEMPTS = 3  # a generation retired between gate and lease: read the newer marker
 
 
 def default_cache_root() -> Path:
@@ -276,62 +272,35 @@ class WeightLoader(ABC):
 
     def _try_warm(self, args: ModelArgs, start: float) -> tuple[LoadedModel | None, str]:
         """A warm build if the gate passes and every file loads as expected, else (None, why)."""
-        reason = "the generation was retired while loading"
-        for _ in range(WARM_LOAD_ATTEMPTS):
-            status = self.status(args)
-            if not status.warm:
-                return None, status.reason
-            with reader_lease(self.paths, status.marker.generation) as leased:
-                if not leased:
-                    continue  # being retired: the marker names a newer one by now
-                try:
-                    loaded = self._load_warm(args, status, start)
-                except WeightCacheError as error:
-                    if not self.has_checkpoint_weights:
-                        raise
-                    logger.warning(f"Warm build of {self.model_name} failed ({error}); building cold")
-                    return None, str(error)
-            self._retire_leftovers(status.marker.generation)
-            return loaded, "complete"
-        return None, reason
+        with WarmRead(self.paths, lambda: self.status(args)) as read:
+            if not read.warm:
+                return None, read.reason
+            try:
+                return self._load_warm(args, read, start), "complete"
+            except WeightCacheError as error:
+                if not self.has_checkpoint_weights:
+                    raise
+                logger.warning(f"Warm build of {self.model_name} failed ({error}); building cold")
+                return None, str(error)
 
-    def _load_warm(self, args: ModelArgs, status: CacheStatus, start: float) -> LoadedModel:
-        marker = status.marker
+    def _load_warm(self, args: ModelArgs, read: WarmRead, start: float) -> LoadedModel:
         prefetcher = None
         if self.prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
             prefetcher = Prefetcher(self.prefetch)
-            prefetcher.add(self.cache_dir / record.path for record in marker.all_files())
-        root = self.cache_dir / marker.generation if marker.generation else self.cache_dir
+            prefetcher.add(read.files())
         try:
-            state = build_cached_state_dict(self.cache_dir, args=args, build_variant=self.build_variant)
-            recorded = {build_relative(path, marker.generation): stamp
-                        for path, stamp in status.verified_stamps().items()}
-            cache = TensorCache(root, self.mesh_shape, rebuild=False, mesh_device=self.mesh_device, recorded=recorded)
-            sink = WeightSink(cache, state, state.host_keys())
+            state = read.state_dict(args)
+            sink = WeightSink(read.tensor_cache(self.mesh_shape, self.mesh_device), state, state.host_keys())
             self.convert(sink, args)
         except BaseException:
             if prefetcher is not None:
                 prefetcher.cancel()
             raise
-        touch_last_used(self.paths)
-        if self.content_id is not None and marker.model_id != self.model_id:
-            add_model_id(self.paths, self.model_id)  # the same weights under another name: findable cache-only
+        read.used(self.model_id if self.content_id is not None else None)
         seconds = time.perf_counter() - start
-        logger.info(f"{self.model_name}: warm build from {root} in {seconds:.3f} s")
+        logger.info(f"{self.model_name}: warm build from {read.root} in {seconds:.3f} s")
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
                            "complete", seconds, prefetch=prefetcher)
-
-    def _retire_leftovers(self, current: str | None) -> None:
-        """Older generations still here (a reader held them when they were replaced): retire them
-        now if no builder holds the lock. One ``scandir`` when there are none."""
-        if not [name for name in owned_generations(self.paths) if name != current]:
-            return
-        try:
-            with build_lock(self.paths, blocking=False) as lock:
-                if lock.held:
-                    retire_unnamed(self.paths)
-        except OSError as error:
-            logger.debug(f"{self.cache_dir}: leftover generations stay for now ({error})")
 
     def _load_cold(self, args: ModelArgs, reason: str, start: float, **build: Any) -> LoadedModel:
         """``build``: the streaming options of :meth:`_build` (a seed)."""
@@ -395,13 +364,11 @@ class WeightLoader(ABC):
     def draft_marker(self, args: ModelArgs, state: LazyStateDict, host: dict[str, torch.Tensor]) -> WeightCacheMarker:
         """The marker of a build of this loader, before its files are sealed (the transaction fills them in)."""
         manifest, host = manifest_of(state.manifest_view(host), self.is_host_weight)
-        return WeightCacheMarker(
-            model_name=self.model_name, model_id=self.model_id, content_id=self.content_id, generation=None,
-            n_layers=args.n_layers, mesh_shape=normalize_mesh_shape(self.mesh_shape),
-            components=tuple(normalize_components(self.components)), build_variant=canonical_variant(self.build_variant),
-            is_moe=bool(args.is_mixture_of_experts), model_info=dict(self.model_info(args, state)),
-            model_config=dict(args.config) if args.config is not None else None, files=(),
-            host_weights=tuple(sorted(host)), host_sidecar=None, weights=manifest)
+        return draft_marker(
+            model_name=self.model_name, model_id=self.model_id, content_id=self.content_id, n_layers=args.n_layers,
+            mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant,
+            is_moe=bool(args.is_mixture_of_experts), model_info=self.model_info(args, state),
+            model_config=args.config, weights=manifest, host_weights=host)
 
     def _commit(self, transaction: BuildTransaction, args: ModelArgs, state: LazyStateDict,
                 host: dict[str, torch.Tensor], files: list[str], sidecar: str | None) -> bool:

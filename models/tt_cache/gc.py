@@ -8,8 +8,9 @@ build lock held (a builder is never undercut; a held lock means "skip, try next 
 is withdrawn first (a reader starting now sees a cold cache, never a half-deleted warm one), then
 its generations are retired by the builders' own rule (a generation a reader holds is left for the
 next build, gc or warm start, and reported as deferred, not freed), and files the marker records
-outside a generation (the seed API's layout) are unlinked only as regular files reached without
-following a symlink, unless another marker records them too. Builds no marker names (failed,
+outside a generation (the seed API's layout) are unlinked only where the marker proves them its
+own: regular files reached without following a symlink, with the recorded inode (else digest),
+never inside a directory that holds a cache of its own, and not recorded by another marker. Builds no marker names (failed,
 killed, or replaced while leased) go as well. A user's file beside a cache, a cache whose marker
 cannot be parsed, another model's cache: nothing else is touched.
 Recency is the last use (:mod:`models.common.weight_cache.usage`). Torch-free.
@@ -18,6 +19,7 @@ Recency is the last use (:mod:`models.common.weight_cache.usage`). Torch-free.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import unlink_beneath
+from models.common.weight_cache.gate import file_problem
 from models.common.weight_cache.generations import LockState, build_lock, retire_unnamed
-from models.common.weight_cache.layout import VariantPaths
-from models.common.weight_cache.marker import WeightCacheMarker, forget_markers, iter_markers
+from models.common.weight_cache.layout import VariantPaths, nested_cache
+from models.common.weight_cache.marker import FileRecord, WeightCacheMarker, forget_markers, iter_markers
 from models.common.weight_cache.usage import forget_use
 from models.tt_cache.scan import LeftoverBuild, VariantInfo, marker_stamp, scan_leftovers, scan_root
 
@@ -118,10 +121,28 @@ def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float 
     return result
 
 
-def _flat_files(marker: WeightCacheMarker) -> set[str]:
+def _flat_files(marker: WeightCacheMarker) -> dict[str, FileRecord]:
     """Recorded files outside the marker's generation dir (the seed API's flat layout)."""
     prefix = f"{marker.generation}/" if marker.generation else None
-    return {r.path for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)}
+    return {r.path: r for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)}
+
+
+def _proven(cache_dir: Path, record: FileRecord) -> bool:
+    """Whether the file at a recorded path is the one the marker records: outside any directory
+    that holds a cache of its own, a regular file (not followed through a symlink) with the
+    recorded size, and the recorded inode or else the recorded digest. A user's file put there
+    since, or a nested cache's, is not."""
+    if nested_cache(cache_dir, record.path) is not None:
+        return False
+    try:
+        info = os.lstat(cache_dir / record.path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_size != record.bytes:
+        return False
+    if record.stamp is not None and info.st_ino == record.stamp.inode:
+        return True
+    return file_problem(cache_dir, record) is None
 
 
 def _files_other_markers_keep(cache_dir: Path, evicting: Path) -> set[str]:
@@ -162,7 +183,9 @@ def evict(variant: VariantInfo) -> tuple[str | None, int, list[str]]:
         marker_file.unlink()  # first: from here on every reader sees this variant cold
         forget_markers()
         forget_use(paths)
-        doomed = _flat_files(marker) - _files_other_markers_keep(cache_dir, marker_file)
+        kept = _files_other_markers_keep(cache_dir, marker_file)
+        doomed = {relative for relative, record in _flat_files(marker).items()
+                  if relative not in kept and _proven(cache_dir, record)}
         for relative in doomed:
             size = _lsize(cache_dir / relative)
             if unlink_beneath(cache_dir, relative):

@@ -12,10 +12,13 @@ look at caches start in milliseconds):
 ``gate``          the stat-fast, hash-sure completeness gate; deep verify
 ``generations``   the build lock, generations and their ownership records, leases, retirement
 ``usage``         when a variant was last used (gc's LRU)
-``build``         the one build transaction; marking a build complete (the seed API)
+``build``         the one build transaction
+``verified_open`` a cache file opened once and proved to be the one verified
+``compat``        the seed design's API (marking a build complete, the gate's bool, the warm state dict)
 ``host_sidecar``  the real host weights of a warm build (torch)
 ``placeholders``  the warm ``state_dict`` of storage-free placeholders (torch)
 ``tensor_cache``  ``ttnn.as_tensor`` through the cache: mesh shards, atomic writes, checked loads (ttnn)
+``warm_read``     the one warm read: gate, lease, every file checked against the gate, usage (ttnn)
 
 The seed design's public names live on here (``weight_cache_is_complete``,
 ``mark_weight_cache_complete``, ``marker_path``, ``normalize_mesh_shape``, ``CachedStateDict``,
@@ -42,15 +45,18 @@ _EXPORTS = {
         "WEIGHT_CACHE_FORMAT_VERSION", "WeightCacheError", "MarkerFormatError", "WeightCacheMarker", "FileRecord",
         "read_marker", "parse_marker", "marker_json", "weights_identity", "cached_model_config",
     ),
-    "gate": (
-        "DEFAULT_FORCE_ENV", "CacheStatus", "weight_cache_status", "weight_cache_is_complete", "verify_weight_cache",
+    "gate": ("DEFAULT_FORCE_ENV", "CacheStatus", "weight_cache_status", "verify_weight_cache"),
+    "build": ("BuildTransaction",),
+    "compat": (
+        "weight_cache_is_complete", "mark_weight_cache_complete", "invalidate_weight_cache", "load_host_sidecar",
+        "build_cached_state_dict",
     ),
-    "build": ("BuildTransaction", "mark_weight_cache_complete", "invalidate_weight_cache"),
+    "warm_read": ("WarmRead",),
     "usage": ("touch_last_used", "last_used"),
-    "host_sidecar": ("load_host_sidecar", "write_host_sidecar"),
+    "host_sidecar": ("write_host_sidecar",),
     "models.common.checkpoint": ("checkpoint_name",),  # the seed kept it here; it is the checkpoint module's
     "placeholders": (
-        "CachedStateDict", "MissingWeightError", "build_cached_state_dict", "placeholder", "is_placeholder_tensor",
+        "CachedStateDict", "MissingWeightError", "placeholder", "is_placeholder_tensor",
         "concat", "stack", "fp32_elementwise",
     ),
 }
@@ -60,6 +66,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
 if TYPE_CHECKING:  # static analysers see the eager imports
     from models.common.checkpoint import checkpoint_name  # noqa: F401
     from models.common.weight_cache.build import *  # noqa: F403
+    from models.common.weight_cache.compat import *  # noqa: F403
     from models.common.weight_cache.gate import *  # noqa: F403
     from models.common.weight_cache.host_sidecar import *  # noqa: F403
     from models.common.weight_cache.layout import *  # noqa: F403
@@ -67,3 +74,4 @@ if TYPE_CHECKING:  # static analysers see the eager imports
     from models.common.weight_cache.placeholders import *  # noqa: F403
     from models.common.weight_cache.stamps import *  # noqa: F403
     from models.common.weight_cache.usage import *  # noqa: F403
+    from models.common.weight_cache.warm_read import *  # noqa: F403

@@ -14,20 +14,19 @@
 Any exception before ``commit`` returns (a missing tensor, an OOM, the stall watchdog's interrupt)
 removes the generation the transaction made: a failed build leaves nothing behind. A build killed
 outright leaves its generation with its record, and the next holder of the build lock removes it.
-Marking a build complete through the seed API (:func:`mark_weight_cache_complete`, files at the top
-of the cache dir, written by the caller) seals and publishes the same way, without a generation.
+Marking a build complete through the seed API
+(:func:`~models.common.weight_cache.compat.mark_weight_cache_complete`, files in the cache dir
+itself, written by the caller) seals and publishes the same way, without a generation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from loguru import logger
 
@@ -41,13 +40,7 @@ from models.common.weight_cache.generations import (
     retire_unnamed,
 )
 from models.common.weight_cache.layout import (
-    TENSORBIN_SUFFIX,
     VariantPaths,
-    canonical_variant,
-    list_cache_files,
-    normalize_components,
-    normalize_mesh_shape,
-    variant_unverifiable,
 )
 from models.common.weight_cache.marker import (
     FileRecord,
@@ -55,10 +48,10 @@ from models.common.weight_cache.marker import (
     forget_markers,
     marker_json,
     named_generation,
-    safe_relative_path,
 )
 from models.common.weight_cache.stamps import hash_stamped, settle_wait
 from models.common.weight_cache.usage import touch_last_used
+
 
 def seal_files(root: Path, relatives: Sequence[str], prefix: str = "") -> tuple[tuple[FileRecord, ...], int]:
     """Hash and stamp every file (several at once) once the newest has settled; returns the
@@ -145,77 +138,3 @@ class BuildTransaction:
             logger.info(f"{self.paths.cache_dir}: {len(retired.leased)} older generation(s) still leased by readers; "
                         "the next build, gc or warm start retires them")
         return sealed
-
-
-# --------------------------------------------------------------------------------------------
-# The seed API: a caller wrote the tensorbins itself
-# --------------------------------------------------------------------------------------------
-
-
-def mark_weight_cache_complete(
-    cache_path: str | os.PathLike,
-    state_dict: Mapping[str, Any],
-    *,
-    model_name: str,
-    n_layers: int,
-    mesh_shape: Any,
-    components: str | Iterable[str] | None = None,
-    build_variant: Mapping[str, Any] | None = None,
-    is_moe: bool = False,
-    is_host_weight: Callable[[str], bool] | None = None,
-    model_config: Mapping[str, Any] | None = None,
-    model_info: Mapping[str, Any] | None = None,
-    cache_files: Iterable[str] | None = None,
-    model_id: str | None = None,
-    content_id: str | None = None,
-) -> bool:
-    """Record that a full build of this variant wrote every tensorbin it needs. Returns success.
-
-    Call it only after the whole model was built, with the tensorbins at the top of
-    ``cache_path`` (the seed API's layout; the project's own builds use :class:`BuildTransaction`).
-    ``state_dict`` gives the manifest (each weight's shape and dtype); weights matching
-    ``is_host_weight`` are saved real to the safetensors sidecar. ``cache_files`` (relative paths,
-    default: every tensorbin found) are hashed and stamped. The marker is published last, by atomic
-    rename. Failing to write (read-only or full disk) only warns: the build it records succeeded."""
-    from models.common.weight_cache.host_sidecar import write_host_sidecar
-    from models.common.weight_cache.placeholders import manifest_of
-
-    paths = VariantPaths(Path(cache_path), build_variant)
-    if variant_unverifiable(build_variant):
-        logger.warning(f"Not marking {cache_path} complete: its build variant could not be computed")
-        return False
-    manifest, host = manifest_of(state_dict, is_host_weight)
-    try:
-        files = sorted({safe_relative_path(f) for f in cache_files}) if cache_files is not None \
-            else list_cache_files(paths.cache_dir)
-        if not files:
-            logger.warning(f"Not marking {paths.cache_dir} complete: no {TENSORBIN_SUFFIX} files in it")
-            return False
-        if host:
-            write_host_sidecar(paths.file(paths.host_sidecar_name), host)
-        records, verified_ns = seal_files(paths.cache_dir, [*files, *([paths.host_sidecar_name] if host else [])])
-        marker = WeightCacheMarker(
-            model_name=model_name, model_id=model_id or model_name, content_id=content_id, generation=None,
-            n_layers=n_layers, mesh_shape=normalize_mesh_shape(mesh_shape),
-            components=tuple(normalize_components(components)), build_variant=canonical_variant(build_variant),
-            is_moe=bool(is_moe), model_info=dict(model_info or {}),
-            model_config=dict(model_config) if model_config is not None else None,
-            files=records[:len(files)], host_weights=tuple(sorted(host)),
-            host_sidecar=records[len(files)] if host else None, weights=manifest, verified_ns=verified_ns)
-        publish_marker(paths, marker)
-    except Exception as error:  # noqa: BLE001 - recording completion must never fail a finished build
-        logger.warning(f"Could not mark weight cache {paths.cache_dir} complete: {error}")
-        return False
-    touch_last_used(paths)
-    logger.info(f"Marked weight cache complete: {paths.marker} ({len(manifest)} weights, {len(host)} on host)")
-    return True
-
-
-def invalidate_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> None:
-    """Withdraw a variant's marker: its files are no longer vouched for (``tt-cache clean
-    --invalidate``, eviction, and callers of the seed API that rewrite files in place)."""
-    try:
-        VariantPaths(Path(cache_dir), build_variant).marker.unlink(missing_ok=True)
-    except OSError as error:
-        logger.warning(f"Could not withdraw weight-cache marker in {cache_dir}: {error}")
-    forget_markers()

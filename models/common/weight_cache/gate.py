@@ -22,8 +22,6 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from loguru import logger
-
 from models.common import envs
 from models.common.fileio import HASH_THREADS, map_largest_first
 from models.common.weight_cache.layout import (
@@ -51,8 +49,8 @@ class CacheStatus:
     restamped: Mapping[str, FileStamp] = field(default_factory=dict)
 
     def verified_stamps(self) -> dict[str, FileStamp | None]:
-        """Every recorded file's stamp as the gate verified it: a loader re-checks it right
-        before opening the file, so a file replaced after the gate is never mapped."""
+        """Every recorded file's stamp as the gate verified it: a warm read checks each file it
+        opens against it, so a file replaced after the gate is never served."""
         if self.marker is None:
             return {}
         return {r.path: self.restamped.get(r.path, r.stamp) for r in self.marker.all_files()}
@@ -187,25 +185,6 @@ def weight_cache_status(
             else "tensorbin"
         return _cold(f"{kind} {problem}")
     return CacheStatus(True, "complete", marker, restamped)
-
-
-def weight_cache_is_complete(
-    cache_path: str | os.PathLike,
-    *,
-    model_name: str,
-    n_layers: int,
-    mesh_shape: Any,
-    components: str | Iterable[str] | None = None,
-    build_variant: Mapping[str, Any] | None = None,
-    force_env: str | None = DEFAULT_FORCE_ENV,
-) -> bool:
-    """True when a warm build from ``cache_path`` is safe (the seed's name for
-    :func:`weight_cache_status`, which also says why not)."""
-    status = weight_cache_status(cache_path, model_name=model_name, n_layers=n_layers, mesh_shape=mesh_shape,
-                                 components=components, build_variant=build_variant, force_env=force_env)
-    if not status.warm:
-        logger.info(f"Weight cache {cache_path} is cold: {status.reason}")
-    return status.warm
 
 
 def marker_status(cache_dir: str | os.PathLike, marker: WeightCacheMarker) -> CacheStatus:

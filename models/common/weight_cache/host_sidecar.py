@@ -9,20 +9,18 @@ other weight is a placeholder. A build writes them into one safetensors file in 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
-from loguru import logger
 
 from models.common.fileio import atomic_output
 from models.common.safetensors_file import SafetensorsFile, write_safetensors
-from models.common.weight_cache.layout import VariantPaths
-from models.common.weight_cache.marker import WeightCacheError, read_marker
+from models.common.weight_cache.marker import WeightCacheError
+from models.common.weight_cache.stamps import FileStamp
+from models.common.weight_cache.verified_open import open_verified
 
-_SIDECAR_MEMO: dict[tuple[str, int, int, int], dict[str, torch.Tensor]] = {}
+_SIDECAR_MEMO: dict[tuple[str, FileStamp], dict[str, torch.Tensor]] = {}
 
 
 def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
@@ -32,39 +30,27 @@ def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
         write_safetensors(temp, {key: value.detach() for key, value in host.items()})
 
 
-def sidecar_file(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None) -> Path:
-    """Where a variant's sidecar is: the marker says (a build generation's), else the top level."""
-    paths = VariantPaths(Path(cache_dir), build_variant)
-    try:
-        marker = read_marker(paths.cache_dir, build_variant)
-    except WeightCacheError:
-        return paths.file(paths.host_sidecar_name)
-    if marker.host_sidecar is None:
-        return paths.file(paths.host_sidecar_name)
-    return paths.file(marker.host_sidecar.path)
-
-
-def load_host_sidecar(
-    cache_path: str | os.PathLike, *, consume: bool = False, build_variant: Mapping[str, Any] | None = None
-) -> dict[str, torch.Tensor] | None:
-    """The real host-consumed weights of a warm build, or None when absent or unreadable.
-
-    Memoized on (path, inode, mtime, size); ``consume=True`` hands the tensors over and drops the
-    memo. The tensors are zero-copy views of the mapped file (pages are read when touched)."""
-    path = sidecar_file(cache_path, build_variant)
-    try:
-        stat = path.stat()
-        key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+def read_host_sidecar(path: Path, verified: FileStamp | None, digest: str | None = None) -> dict[str, torch.Tensor]:
+    """The host weights of the sidecar at ``path``, opened once and proved to be the file verified
+    (its stamp ``verified``, else bytes hashing to ``digest``: see
+    :func:`~models.common.weight_cache.verified_open.open_verified`), mapped from that very open.
+    Raises :class:`WeightCacheError`. Memoized on the opened file's identity."""
+    with open_verified(path, verified, what="host sidecar", digest=digest) as opened:
+        key = (opened.source, opened.stamp)
         tensors = _SIDECAR_MEMO.get(key)
         if tensors is None:
-            sidecar = SafetensorsFile(path)  # zero-copy views: a warm start maps, never copies
-            tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
+            try:
+                sidecar = SafetensorsFile(Path(opened.path))  # zero-copy views: a warm start maps, never copies
+                tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
+            except (OSError, ValueError, RuntimeError) as error:
+                raise WeightCacheError(f"host sidecar {path} is unreadable: {error}") from None
             _SIDECAR_MEMO.clear()
             _SIDECAR_MEMO[key] = tensors
-        if consume:
-            _SIDECAR_MEMO.pop(key, None)
-        return tensors
-    except (OSError, ValueError, RuntimeError) as error:
-        if not isinstance(error, FileNotFoundError):
-            logger.warning(f"Host-weights sidecar {path} is unreadable: {error}")
-        return None
+    return tensors
+
+
+def forget_host_sidecar(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Drop the memo of a sidecar whose tensors were handed over (a builder took them)."""
+    for key, memo in list(_SIDECAR_MEMO.items()):
+        if memo is tensors:
+            del _SIDECAR_MEMO[key]

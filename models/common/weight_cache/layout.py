@@ -64,6 +64,7 @@ PRECISIONS = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")  # ttnn dtypes a 
 
 _GENERATION_NAME = re.compile(r"g[0-9a-f]{1,20}-[0-9a-f]{6}")
 _MESH_DIR = re.compile(r"mesh_\d+x\d+(-layers\d+)?")
+_LAYER_DIR = re.compile(r"layers\.\d+")  # a loader's per-layer directory (``layers.3/wq_...tensorbin``)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +311,52 @@ def list_cache_files(cache_path: str | os.PathLike) -> list[str]:
         for name in names:
             if name.endswith(TENSORBIN_SUFFIX) and not is_temp_path(Path(name)):
                 found.append(Path(directory, name).relative_to(root).as_posix())
+    return sorted(found)
+
+
+def holds_own_cache(directory: Path) -> bool:
+    """Whether a directory below a cache dir is a cache (or a build) of its own: a generation or
+    retired name, a marker, a build lock or an ownership record in it. Its files are never another
+    variant's to record or delete."""
+    if is_generation_name(directory.name) or directory.name.startswith(RETIRED_PREFIX):
+        return True
+    try:
+        with os.scandir(directory) as entries:
+            return any(is_marker_name(e.name) or e.name in (BUILD_LOCK, GENERATION_RECORD) for e in entries)
+    except OSError:
+        return False
+
+
+def nested_cache(cache_dir: Path, relative: str) -> Path | None:
+    """The first directory on the way from ``cache_dir`` to the file ``relative`` that holds a cache
+    of its own (:func:`holds_own_cache`), or None."""
+    directory = Path(cache_dir)
+    for part in PurePosixPath(relative).parts[:-1]:
+        directory = directory / part
+        if holds_own_cache(directory):
+            return directory
+    return None
+
+
+def seed_layout_files(cache_dir: str | os.PathLike) -> list[str]:
+    """The tensorbins of the seed API's layout in a variant dir, as sorted relative POSIX paths: at
+    its top and in its per-layer dirs (``layers.<n>/``, the one nesting loaders use). Any other
+    subfolder (a user's, a nested cache) is not the variant's; neither is a per-layer dir holding
+    a cache of its own. Temp files of a writer are left out; no symlink is followed."""
+    root = Path(cache_dir)
+    found = []
+
+    def scan(directory: Path, prefix: str, descend: bool) -> None:
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    if entry.name.endswith(TENSORBIN_SUFFIX) and not is_temp_path(Path(entry.name)):
+                        found.append(prefix + entry.name)
+                elif (descend and entry.is_dir(follow_symlinks=False) and _LAYER_DIR.fullmatch(entry.name)
+                      and not holds_own_cache(Path(entry.path))):
+                    scan(Path(entry.path), f"{entry.name}/", False)
+
+    scan(root, "", True)
     return sorted(found)
 
 

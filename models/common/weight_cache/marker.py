@@ -29,13 +29,19 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from models.common.fileio import CONTENT_DIGEST_ALGORITHM, open_regular
-from models.common.weight_cache.layout import is_marker_name, marker_path
+from models.common.weight_cache.layout import (
+    canonical_variant,
+    is_marker_name,
+    marker_path,
+    normalize_components,
+    normalize_mesh_shape,
+)
 from models.common.weight_cache.side_files import SideFileError, depth_within, parse_json, read_json_document
 from models.common.weight_cache.stamps import FileStamp
 
@@ -117,6 +123,32 @@ class WeightCacheMarker:
 
     def all_files(self) -> tuple[FileRecord, ...]:
         return self.files + ((self.host_sidecar,) if self.host_sidecar else ())
+
+
+def draft_marker(
+    *,
+    model_name: str,
+    model_id: str,
+    content_id: str | None,
+    n_layers: int,
+    mesh_shape: Any,
+    components: str | Iterable[str] | None,
+    build_variant: Mapping[str, Any] | None,
+    is_moe: bool,
+    model_info: Mapping[str, Any] | None,
+    model_config: Mapping[str, Any] | None,
+    weights: Mapping[str, tuple[tuple[int, ...], str]],
+    host_weights: Iterable[str],
+) -> WeightCacheMarker:
+    """The marker of a build before its files are sealed (a build transaction, or the seed API,
+    fills in ``files``, ``host_sidecar`` and ``verified_ns``): every field normalized as the gate
+    compares it, so the loader's builds and the seed API's record the same things the same way."""
+    return WeightCacheMarker(
+        model_name=model_name, model_id=model_id, content_id=content_id, generation=None, n_layers=n_layers,
+        mesh_shape=normalize_mesh_shape(mesh_shape), components=tuple(normalize_components(components)),
+        build_variant=canonical_variant(build_variant), is_moe=bool(is_moe), model_info=dict(model_info or {}),
+        model_config=dict(model_config) if model_config is not None else None, files=(),
+        host_weights=tuple(sorted(host_weights)), host_sidecar=None, weights=dict(weights))
 
 
 # --------------------------------------------------------------------------------------------

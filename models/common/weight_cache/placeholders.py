@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from loguru import logger
 
-from models.common.weight_cache.host_sidecar import load_host_sidecar
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, read_marker
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker
 
 _TORCH_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
@@ -170,34 +169,24 @@ def _count_experts(keys: Iterable[str]) -> int:
     return max(indices) + 1 if indices else 0
 
 
-def build_cached_state_dict(
-    cache_path: str | os.PathLike,
-    host: Mapping[str, torch.Tensor] | None = None,
-    args: Any = None,
-    build_variant: Mapping[str, Any] | None = None,
-) -> CachedStateDict:
-    """The warm ``state_dict`` from the marker's manifest and the host sidecar.
-
-    ``host`` may be the sidecar the gate already loaded; otherwise it is taken (and released)
-    from the gate's memo. ``args`` (a ModelArgs-like) gets ``is_mixture_of_experts``, ``moe``,
-    ``num_experts``, ``fuse_qkv`` and ``fuse_mlp`` restored, since a warm build never sees the
-    checkpoint keys they are normally sniffed from."""
-    marker = read_marker(cache_path, build_variant)
+def cached_state_dict(marker: WeightCacheMarker, host: Mapping[str, torch.Tensor], args: Any = None,
+                      where: str | os.PathLike = "the cache") -> CachedStateDict:
+    """The warm ``state_dict`` of the build ``marker`` records, with its real ``host`` weights
+    (each must be the recorded key, shape and dtype). ``args`` (a ModelArgs-like) gets
+    ``is_mixture_of_experts``, ``moe``, ``num_experts``, ``fuse_qkv`` and ``fuse_mlp`` restored,
+    since a warm build never sees the checkpoint keys they are normally sniffed from."""
+    if set(host) != set(marker.host_weights):
+        raise WeightCacheError(f"host sidecar of {where} does not hold the recorded host weights")
+    for key, value in host.items():
+        recorded = marker.weights.get(key)
+        if recorded is not None and (tuple(value.shape), str(value.dtype)) != (tuple(recorded[0]), recorded[1]):
+            raise WeightCacheError(f"host weight {key} of {where} is {tuple(value.shape)} {value.dtype}, "
+                                   f"the manifest says {tuple(recorded[0])} {recorded[1]}")
     if args is not None and hasattr(args, "__dict__"):
         _restore_model_facts(args, marker)
-    if host is None and marker.host_weights:
-        host = load_host_sidecar(cache_path, consume=True, build_variant=build_variant)
-        if host is None:
-            raise WeightCacheError(f"host sidecar of {cache_path} is unreadable or vanished after the gate passed")
-    if set(host or {}) != set(marker.host_weights):
-        raise WeightCacheError(f"host sidecar of {cache_path} does not hold the recorded host weights")
-    logger.info(
-        f"Warm weight cache {cache_path}: {len(marker.weights)} weights, "
-        f"{len(host or {})} real on host, no checkpoint read"
-    )
+    logger.info(f"Warm weight cache {where}: {len(marker.weights)} weights, {len(host)} real on host, "
+                "no checkpoint read")
     return CachedStateDict(marker.weights, host)
-
-
 
 
 def manifest_of(

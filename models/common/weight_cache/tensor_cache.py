@@ -38,6 +38,7 @@ from models.common.weight_cache.layout import PRECISIONS as PRECISION_NAMES
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.placeholders import is_placeholder_tensor
 from models.common.weight_cache.stamps import FileStamp
+from models.common.weight_cache.verified_open import open_verified
 
 PRECISIONS: dict[str, Any] = {name: getattr(ttnn, name) for name in PRECISION_NAMES}  # name -> ttnn dtype
 
@@ -217,10 +218,7 @@ class TensorCache:
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
-            path = os.path.join(self._root, relative)
-            if self.recorded is not None:
-                self._check_unchanged(path, relative, name)
-            result = self._load(path, name, tensor, fmt)
+            result = self._load(relative, name, tensor, fmt)
         else:
             if is_placeholder_tensor(tensor):
                 raise WeightCacheError(f"cold build of {name} was handed a placeholder, not a weight")
@@ -258,26 +256,22 @@ class TensorCache:
             result = ttnn.to_device(result, self.mesh_device, memory_config=self.memory_config)
         return result
 
-    def _check_unchanged(self, path: str, relative: str, name: str) -> None:
-        """The file is one the marker vouches for, in the state the gate verified: ttnn may crash
-        the process on a forged file, so a file replaced since the gate is never opened."""
-        if relative not in self.recorded:
+    def _load(self, relative: str, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
+        """Load a cached file, opened once and proved to be the one the gate verified (ttnn may
+        crash the process on a forged file, so one replaced since the gate is never handed to it),
+        and check it is the tensor asked for. Any failure (a torn or forged file can make ttnn raise
+        anything, ``MemoryError`` included) is a :class:`WeightCacheError` naming the file: the
+        loader then builds cold, or reports it without a checkpoint."""
+        path = os.path.join(self._root, relative)
+        if self.recorded is not None and relative not in self.recorded:
             raise WeightCacheError(f"{relative} (weight {name}) is not among the files the marker vouches for")
-        try:
-            info = os.stat(path)
-        except OSError as error:
-            raise WeightCacheError(f"cached {path} of {name} vanished after the gate ({error.strerror})") from None
-        if self.recorded[relative] is not None and FileStamp.of(info) != self.recorded[relative]:
-            raise WeightCacheError(f"cached {path} of {name} changed after the gate verified it")
-
-    def _load(self, path: str, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
-        """Load a cached file and check it is the tensor asked for. Any failure (a torn or forged
-        file can make ttnn raise anything, ``MemoryError`` included) is a :class:`WeightCacheError`
-        naming the file: the loader then builds cold, or reports it without a checkpoint."""
-        try:
-            loaded = ttnn.load_tensor(path)
-        except Exception as error:  # noqa: BLE001 - whatever a bad file makes ttnn raise
-            raise WeightCacheError(f"cached {path} of {name} is unreadable ({type(error).__name__}: {error})") from None
+        verified = self.recorded.get(relative) if self.recorded is not None else None
+        with open_verified(path, verified, what=f"cached file of {name}") as opened:
+            try:  # ttnn.load_tensor's own loader: load_tensor insists on a ``.tensorbin`` name
+                loaded = ttnn._ttnn.tensor.load_tensor_flatbuffer(opened.path, None)
+            except Exception as error:  # noqa: BLE001 - whatever a bad file makes ttnn raise
+                raise WeightCacheError(
+                    f"cached {path} of {name} is unreadable ({type(error).__name__}: {error})") from None
         problem = layout_mismatch(loaded, tensor, fmt, self.mesh)
         if problem:
             raise WeightCacheError(f"cached {path} of {name} {problem}")
