@@ -190,7 +190,8 @@ def test_registry_maps_model_types_and_rejects_unknown_ones():
 
 
 def test_attention_heads_that_cannot_be_spread_are_a_clear_error():
-    from models.common.decoder import fuse_qkv, kv_heads_per_column
+    from models.common.decoder import fuse_qkv
+    from models.common.heads import kv_heads_per_column
     from models.common.model_args import ModelArgs
 
     assert kv_heads_per_column(2, 8) == [[0], [0], [0], [0], [1], [1], [1], [1]]
