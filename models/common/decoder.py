@@ -38,8 +38,8 @@ from models.common.heads import column_heads
 from models.common.loader import WeightLoader
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
-from models.common.weight_cache.tensor_cache import TensorFormat
 from models.common.weight_cache import concat, stack
+from models.common.weight_cache.tensor_cache import TensorFormat
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (
     KeyRule(r"^model\.embed_tokens\.weight$", "tok_embeddings.weight"),
