@@ -28,18 +28,18 @@ so the same code runs on real weights (cold) and on storage-free placeholders (w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import ttnn
 
 from models.common.checkpoint import KeyRule
 from models.common.conversion import WeightSink
+from models.common.heads import column_heads
 from models.common.loader import WeightLoader
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
-from models.common.weight_cache.tensor_cache import TensorFormat
 from models.common.weight_cache import concat, stack
+from models.common.weight_cache.tensor_cache import TensorFormat
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (
     KeyRule(r"^model\.embed_tokens\.weight$", "tok_embeddings.weight"),
@@ -69,60 +69,6 @@ BIAS_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, Placement(col_dim=-1
 def norm_for_device(weight: torch.Tensor) -> torch.Tensor:
     """RMSNorm weights as tt-metal's ``RMSNorm`` reads them: ``[1, 1, dim/32, 32]``."""
     return weight.reshape(1, 1, -1, 32)
-
-
-def kv_heads_per_column(n_kv_heads: int, cols: int) -> list[list[int]]:
-    """Which KV heads each mesh column holds: a block when they divide evenly, else one head
-    replicated over ``cols / n_kv_heads`` columns (fewer KV heads than devices)."""
-    if n_kv_heads % cols == 0:
-        per = n_kv_heads // cols
-        return [list(range(c * per, (c + 1) * per)) for c in range(cols)]
-    if cols % n_kv_heads == 0:
-        return [[c * n_kv_heads // cols] for c in range(cols)]
-    raise ValueError(f"{n_kv_heads} KV heads cannot be spread over {cols} mesh columns")
-
-
-@dataclass(frozen=True)
-class ColumnHeads:
-    """The attention heads one mesh column computes, in the order of its block of ``wqkv`` (and of
-    its rows of ``wo``). ``None`` is a padding head: zero weights, zero bias, zero ``wo`` rows, so
-    it adds exactly nothing."""
-
-    q: tuple[int | None, ...]
-    kv: tuple[int | None, ...]
-    q_to_kv: tuple[int, ...]  # for each query slot, the index in ``kv`` of the head it attends with
-
-    @property
-    def padded(self) -> bool:
-        return None in self.q or None in self.kv
-
-
-def column_heads(n_heads: int, n_kv_heads: int, cols: int) -> list[ColumnHeads]:
-    """How the heads are spread over ``cols`` mesh columns.
-
-    Evenly when they divide (KV heads in blocks, or one replicated over several columns). Otherwise,
-    when there are more KV heads than columns (SmolLM2-135M: 9 query / 3 KV heads on an N300's 2),
-    the KV heads are padded with zero heads to a multiple of ``cols`` and each brings its whole
-    group of query heads, so every column holds the same number of heads: equal shards, and the
-    padding heads contribute zero to the sum over columns. Fewer KV heads than columns that do not
-    divide them stay an error (most devices would hold only padding)."""
-    group = n_heads // n_kv_heads
-    if n_heads % cols == 0 and (n_kv_heads % cols == 0 or cols % n_kv_heads == 0):
-        per_q, kv = n_heads // cols, kv_heads_per_column(n_kv_heads, cols)
-        return [ColumnHeads(tuple(range(c * per_q, (c + 1) * per_q)), tuple(kv[c]),
-                            tuple(kv[c].index(h // group) for h in range(c * per_q, (c + 1) * per_q)))
-                for c in range(cols)]
-    if n_kv_heads <= cols:
-        if n_heads % cols:
-            raise ValueError(f"{n_heads} attention heads cannot be split over {cols} mesh columns")
-        kv_heads_per_column(n_kv_heads, cols)  # raises its own error
-    per_kv = -(-n_kv_heads // cols)
-    columns = []
-    for c in range(cols):
-        kv = tuple(k if k < n_kv_heads else None for k in range(c * per_kv, (c + 1) * per_kv))
-        q = tuple(None if k is None else k * group + g for k in kv for g in range(group))
-        columns.append(ColumnHeads(q, kv, tuple(j for j in range(per_kv) for _ in range(group))))
-    return columns
 
 
 def _heads(weight: torch.Tensor, indices: Sequence[int | None], head_dim: int) -> list[torch.Tensor]:

@@ -43,15 +43,27 @@ ROW_PARALLEL = Placement(col_dim=-2, row_dim=-1)
 EXPERT_PARALLEL = Placement(flat_dim=0)
 
 
+MESH_SPELLINGS = ", ".join(KNOWN_MESHES) + " or RxC"  # what a command line says it takes
+
+
+class MeshError(ValueError):
+    """A mesh that is neither a known name nor ``rows x cols`` of positive ints."""
+
+
 def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
-    """``"T3K"``, ``"1x8"``, ``"1,8"`` or ``(1, 8)`` as a ``(rows, cols)`` tuple."""
-    if isinstance(value, str):
-        if value.upper() in KNOWN_MESHES:
-            return KNOWN_MESHES[value.upper()]
-        value = value.lower().replace("x", ",").strip("()[] ").split(",")
-    dims = tuple(int(d) for d in value)
+    """``"T3K"``, ``"1x8"``, ``"1,8"`` or ``(1, 8)`` as a ``(rows, cols)`` tuple; anything else is a
+    :class:`MeshError` that says what is known (the one place a mesh name is read)."""
+    given = value
+    try:
+        if isinstance(value, str):
+            if value.strip().upper() in KNOWN_MESHES:
+                return KNOWN_MESHES[value.strip().upper()]
+            value = value.lower().replace("x", ",").strip("()[] ").split(",")
+        dims = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        dims = ()
     if len(dims) != 2 or min(dims) < 1:
-        raise ValueError(f"mesh shape {value!r} is not (rows, cols) of positive ints")
+        raise MeshError(f"unknown mesh {given!r}: expected {MESH_SPELLINGS} (rows x columns of devices, e.g. 1x8)")
     return dims  # type: ignore[return-value]
 
 

@@ -20,7 +20,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from models.common.decoder import column_heads
+from models.common.heads import column_heads
 from models.common.loader import LoadedModel
 from models.common.sharding import column_blocks
 from models.common.weight_cache.tensor_cache import host_shards

@@ -15,7 +15,7 @@ from functools import cache
 
 import torch
 
-from models.common.decoder import kv_heads_per_column
+from models.common.heads import column_heads
 from models.common.loader import LoadedModel
 from models.common.reference import ReferenceDecoder, apply_rope, attend, causal_mask, rms_norm, rope_inv_freq
 from models.gemma.gemma4 import Gemma4Layer, gemma4_layer
@@ -80,12 +80,10 @@ class Gemma4Reference(ReferenceDecoder):
         inv_freq = self._inv_freq(shape.layer_type, hd)
         positions = torch.arange(T)
         mask = causal_mask(T, self.text_config.get("sliding_window") if shape.sliding else None)
-        per_q, group = a.n_heads // self.cols, a.n_heads // shape.n_kv_heads
-        kv_of_column = kv_heads_per_column(shape.n_kv_heads, self.cols)
+        columns = column_heads(a.n_heads, shape.n_kv_heads, self.cols)
         out, produced = torch.zeros_like(x), []
-        for c, (w, wo) in enumerate(zip(self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
-            kv_heads = kv_of_column[c]
-            q, *kv = (x @ w).split([per_q * hd] + [len(kv_heads) * hd] * self._kv_parts(shape), -1)
+        for c, (column, w, wo) in enumerate(zip(columns, self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
+            q, *kv = (x @ w).split([len(column.q) * hd] + [len(column.kv) * hd] * self._kv_parts(shape), -1)
             q = apply_rope(rms_norm(q.reshape(T, -1, hd), self.w.vector(p + "q_norm"), a.norm_eps), positions, inv_freq)
             if shape.kv_shared:
                 k, v = shared[shape.layer_type][c]
@@ -94,7 +92,7 @@ class Gemma4Reference(ReferenceDecoder):
                 k = apply_rope(rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps), positions, inv_freq)
                 v = rms_norm(v, 1.0, a.norm_eps)
                 produced.append((k, v))
-            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
+            local = list(column.q_to_kv)
             out += attend(q, k[:, local], v[:, local], mask, 1.0) @ wo
         if produced:  # unshared layers precede shared ones: the last writer of a type is its producer
             shared[shape.layer_type] = produced

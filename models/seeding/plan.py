@@ -13,8 +13,9 @@
         precisions: [bfloat16, bfloat8_b]
         components: [text]                # optional: the family's default otherwise
 
-Parsing checks the plan's shape only (torch-free); whether a mesh or precision exists is the
-loader's business and is checked before anything is built (:mod:`models.seeding.runner`). The
+Parsing checks the plan's shape, and that each combination can be built at all (its mesh and
+precision names; its model on that mesh when its config.json is here: :func:`combination_problem`),
+torch-free; the rest is checked before anything is built (:mod:`models.seeding.runner`). The
 same combination written twice is an error; two spellings of one variant (``N150`` and ``1x1``,
 ``components: [text]`` and the family's default) are merged by the runner, which knows the
 variant each one names.
@@ -27,6 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from models.common.checkpoint import CheckpointError, read_config, resolve_checkpoint_dir
+from models.common.heads import layout_problem
+from models.common.mesh import MeshError, parse_mesh_shape
+from models.common.model_args import ModelArgs
+from models.common.weight_cache.layout import PRECISIONS
 
 ENTRY_KEYS = {"model", "family", "meshes", "precisions", "components"}
 
@@ -104,6 +111,27 @@ def _entry_combinations(entry: Any, where: str, index: int | None = None) -> lis
     ]
 
 
+def combination_problem(combination: Combination) -> str | None:
+    """Why a combination can never be built, or None: its mesh or precision is no name, or (its
+    config.json on this machine) its model cannot be laid over the mesh. Torch-free: a plan is
+    refused when it is loaded, not seconds into a seed."""
+    try:
+        mesh = parse_mesh_shape(combination.mesh)
+    except MeshError as error:
+        return str(error)
+    if combination.precision not in PRECISIONS:
+        return f"unknown precision {combination.precision!r}: expected one of {', '.join(PRECISIONS)}"
+    checkpoint = resolve_checkpoint_dir(combination.model)
+    try:
+        args = ModelArgs.from_hf_config(read_config(checkpoint)) if checkpoint else None
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None  # a config.json it cannot use: the seed names it
+    problem = args and layout_problem(args, mesh)
+    shape = f"{mesh[0]}x{mesh[1]}"
+    named = combination.mesh if combination.mesh == shape else f"{combination.mesh} ({shape})"
+    return f"cannot be built on mesh {named}: {problem}" if problem else None
+
+
 def parse_plan(text: str, path: Path) -> Plan:
     try:
         body = yaml.safe_load(text)
@@ -121,6 +149,8 @@ def parse_plan(text: str, path: Path) -> Plan:
             raise PlanError(f"{path}: {combination.case_name} is listed twice (models[{first.entry}] and "
                             f"models[{combination.entry}])")
         seen[combination] = combination
+        if problem := combination_problem(combination):
+            raise PlanError(f"{path}: {combination.entry_name} {combination.model}: {problem}")
     return Plan(path, tuple(combinations))
 
 

@@ -33,7 +33,7 @@ from models.common.checkpoint import (
     read_config,
     resolve_checkpoint_dir,
 )
-from models.common.mesh import parse_mesh_shape
+from models.common.mesh import MESH_SPELLINGS, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.weight_cache.layout import PRECISIONS, CacheRoot, VariantPaths, variant_subdir, variant_tag
 from models.common.weight_cache.marker import WeightCacheError, iter_markers
@@ -263,7 +263,7 @@ def validate_plan(plan: Plan) -> None:
         try:
             parse_mesh_shape(combination.mesh)
         except ValueError:
-            problems.append(f"mesh {combination.mesh!r} (known: N150, N300, T3K, TG or RxC)")
+            problems.append(f"mesh {combination.mesh!r} (known: {MESH_SPELLINGS})")
         if combination.precision not in PRECISIONS:
             problems.append(f"precision {combination.precision!r} (known: {', '.join(sorted(PRECISIONS))})")
         if combination.family is not None and combination.family not in FAMILY_LOADERS:

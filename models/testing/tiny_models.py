@@ -39,8 +39,10 @@ def tiny_config(family: str, **overrides):
 
 
 def _without_head_dim(shapes: dict) -> dict:
-    """Qwen2 and Phi-3 configs have no head_dim (it is hidden / heads): 256 / 8 keeps it at 32."""
-    return {**{k: v for k, v in shapes.items() if k != "head_dim"}, "hidden_size": 256}
+    """Qwen2 and Phi-3 configs have no head_dim (it is hidden / heads): 256 / 8 keeps it at 32 (a
+    width asked for, not the tiny default, is kept: ``hidden_size=192`` with 6 heads)."""
+    hidden = shapes["hidden_size"] if shapes["hidden_size"] != TINY_SHAPES["hidden_size"] else 256
+    return {**{k: v for k, v in shapes.items() if k != "head_dim"}, "hidden_size": hidden}
 
 # Phi-3 LongRoPE: distinct short / long factors per frequency, switching past 16 positions.
 LONGROPE_ORIGINAL_CONTEXT = 16

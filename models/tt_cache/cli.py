@@ -128,11 +128,14 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from models.seeding.plan import Combination
-    from models.seeding.runner import SeedInputError, build_one
+    from models.seeding.plan import Combination, combination_problem
 
     combination = Combination(model=args.model, family=args.family, mesh=args.mesh, precision=args.precision,
                               components=tuple(args.components) if args.components else None)
+    if problem := combination_problem(combination):  # before torch and ttnn are imported
+        raise CliError(f"{args.model}: {problem}")
+    from models.seeding.runner import SeedInputError, build_one
+
     try:
         result = build_one(combination, cache_root=args.cache_root, num_layers=args.num_layers,
                            force=True if args.force else None)

@@ -16,7 +16,7 @@ from functools import cached_property
 
 import torch
 
-from models.common.decoder import kv_heads_per_column
+from models.common.heads import column_heads
 from models.common.loader import LoadedModel
 from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm, rope_kind
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
@@ -95,7 +95,7 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
 
     def kv_layout(self) -> KVLayout:
         a = self.args
-        columns = [(len(heads), a.head_dim) for heads in kv_heads_per_column(a.n_kv_heads, self.cols)]
+        columns = [(len(c.kv), a.head_dim) for c in column_heads(a.n_heads, a.n_kv_heads, self.cols)]
         return [list(columns) for _ in range(a.n_layers)]
 
     def attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
@@ -104,21 +104,19 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
         rows = x.shape[0]
         scale = (self.text_config.get("query_pre_attn_scalar") or a.head_dim) ** -0.5
         window = a.sliding_window if sliding else None
-        per_q, group = a.n_heads // self.cols, a.n_heads // a.n_kv_heads
+        columns = column_heads(a.n_heads, a.n_kv_heads, self.cols)
         out = torch.zeros_like(x)
-        for c, (wqkv, wo) in enumerate(zip(self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
-            kv_heads = kv_heads_per_column(a.n_kv_heads, self.cols)[c]
-            width = len(kv_heads) * a.head_dim
+        for c, (column, wqkv, wo) in enumerate(zip(columns, self.w.columns(p + "wqkv"), self.w.columns(p + "wo"))):
+            width = len(column.kv) * a.head_dim
             qkv = x @ wqkv
             if self.w.has(p + "bqkv"):  # this column's heads' bias (Qwen2)
                 qkv = qkv + self.w.columns(p + "bqkv")[c].reshape(-1)
-            q, k, v = (t.reshape(rows, -1, a.head_dim) for t in qkv.split([per_q * a.head_dim, width, width], -1))
+            q, k, v = (t.reshape(rows, -1, a.head_dim) for t in qkv.split([len(column.q) * a.head_dim, width, width], -1))
             if self.w.has(p + "q_norm"):
                 q = rms_norm(q, self.w.vector(p + "q_norm"), a.norm_eps)
                 k = rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps)
             q, k = (self.rotate(t, sliding) for t in (q, k))
-            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
-            out += self.attend_column(q, k, v, layer, c, local, window, scale) @ wo
+            out += self.attend_column(q, k, v, layer, c, list(column.q_to_kv), window, scale) @ wo
         return out
 
     def rotate(self, x: torch.Tensor, sliding: bool) -> torch.Tensor:
@@ -158,7 +156,7 @@ class PagedGemma4Decoder(PagedAttention, Gemma4Reference):
 
     def kv_layout(self) -> KVLayout:
         return [None if shape.kv_shared else
-                [(len(heads), shape.head_dim) for heads in kv_heads_per_column(shape.n_kv_heads, self.cols)]
+                [(len(c.kv), shape.head_dim) for c in column_heads(self.args.n_heads, shape.n_kv_heads, self.cols)]
                 for shape in self.layers]
 
     def attention(self, x: torch.Tensor, layer: int, shared: SharedKV | None = None) -> torch.Tensor:
@@ -166,19 +164,17 @@ class PagedGemma4Decoder(PagedAttention, Gemma4Reference):
         hd, rows, positions = shape.head_dim, x.shape[0], self.batch.positions
         inv_freq = self._inv_freq(shape.layer_type, hd)
         window = self.text_config.get("sliding_window") if shape.sliding else None
-        per_q, group = a.n_heads // self.cols, a.n_heads // shape.n_kv_heads
+        columns = column_heads(a.n_heads, shape.n_kv_heads, self.cols)
         out = torch.zeros_like(x)
-        for c, (w, wo) in enumerate(zip(self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
-            kv_heads = kv_heads_per_column(shape.n_kv_heads, self.cols)[c]
-            q, *kv = (x @ w).split([per_q * hd] + [len(kv_heads) * hd] * self._kv_parts(shape), -1)
+        for c, (column, w, wo) in enumerate(zip(columns, self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
+            q, *kv = (x @ w).split([len(column.q) * hd] + [len(column.kv) * hd] * self._kv_parts(shape), -1)
             q = apply_rope(rms_norm(q.reshape(rows, -1, hd), self.w.vector(p + "q_norm"), a.norm_eps), positions, inv_freq)
             k = v = None
             if not shape.kv_shared:
                 k, v = (t.reshape(rows, -1, hd) for t in (kv[0], kv[-1]))  # k_eq_v: one part, both
                 k = apply_rope(rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps), positions, inv_freq)
                 v = rms_norm(v, 1.0, a.norm_eps)
-            local = [kv_heads.index((c * per_q + h) // group) for h in range(per_q)]
-            out += self.attend_column(q, k, v, self.kv_source[layer], c, local, window, 1.0) @ wo
+            out += self.attend_column(q, k, v, self.kv_source[layer], c, list(column.q_to_kv), window, 1.0) @ wo
         return out
 
 

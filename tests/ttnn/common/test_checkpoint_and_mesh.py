@@ -19,8 +19,8 @@ from models.common.checkpoint import (
     remap_key,
     resolve_checkpoint_dir,
 )
-from models.common.safetensors_file import SafetensorsFile
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, parse_mesh_shape
+from models.common.safetensors_file import SafetensorsFile
 from models.common.sharding import shard, unshard
 
 
@@ -189,8 +189,9 @@ def test_registry_maps_model_types_and_rejects_unknown_ones():
         loader_class("bert")
 
 
-def test_attention_heads_that_cannot_be_spread_are_a_clear_error():
-    from models.common.decoder import fuse_qkv, kv_heads_per_column
+def test_attention_heads_that_do_not_divide_the_columns_are_padded():
+    from models.common.decoder import fuse_qkv
+    from models.common.heads import kv_heads_per_column
     from models.common.model_args import ModelArgs
 
     assert kv_heads_per_column(2, 8) == [[0], [0], [0], [0], [1], [1], [1], [1]]
@@ -198,6 +199,7 @@ def test_attention_heads_that_cannot_be_spread_are_a_clear_error():
         kv_heads_per_column(3, 2)
     args = ModelArgs.from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 6, "hidden_size": 64,
                                      "vocab_size": 8, "head_dim": 8, "num_key_value_heads": 2})
-    w = torch.zeros(48, 64)
-    with pytest.raises(ValueError, match="attention heads cannot be split"):
-        fuse_qkv(w, torch.zeros(16, 64), torch.zeros(16, 64), args, cols=4)
+    # 6 query heads / 2 KV heads on 4 columns: padded (2 query slots and 1 KV head a column), not refused
+    fused = fuse_qkv(torch.ones(48, 64), torch.ones(16, 64), torch.ones(16, 64), args, cols=4)
+    assert fused.shape == (64, 4 * (2 + 1 + 1) * 8)
+    assert int((fused[0] == 0).sum()) == 2 * 8  # two padding query heads of zeros

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from models.common.decoder import column_heads
+from models.common.heads import column_heads
 from models.common.reference import ReferenceDecoder
 from models.common.weight_cache.tensor_cache import host_shards
 from models.registry import loader_class
 from models.testing.tiny_models import hf_logits, make_checkpoint, pcc
 
 PROMPT = [3, 17, 99, 250, 7, 42, 300, 11]
-# (family, query heads, KV heads): GQA groups of 3 (SmolLM2) and 2, Qwen2 with its q/k/v biases (its tiny
-# config keeps hidden 256: head_dim 42, not a multiple of the tile)
+# (family, query heads, KV heads): GQA groups of 3 (SmolLM2) and 2, Qwen2 with its q/k/v biases
 MODELS = [("llama", 9, 3), ("llama", 10, 5), ("qwen2", 6, 3)]
 # (model, mesh columns): 5 KV heads on 4 columns pad to 8, so the last column holds padding only
 CASES = [(MODELS[0], 2), (MODELS[1], 2), (MODELS[1], 4), (MODELS[2], 2)]
@@ -33,17 +32,33 @@ def test_column_heads_pad_kv_heads_to_a_multiple_of_the_columns() -> None:
     assert [c.q_to_kv for c in columns] == [(0, 0, 0, 1, 1, 1)] * 2
     even = column_heads(8, 2, 2)  # divisible: consecutive heads, no padding
     assert [c.q for c in even] == [(0, 1, 2, 3), (4, 5, 6, 7)] and not any(c.padded for c in even)
-    with pytest.raises(ValueError, match="6 attention heads cannot be split over 4 mesh columns"):
-        column_heads(6, 2, 4)  # fewer KV heads than columns: most devices would hold only padding
-    with pytest.raises(ValueError, match="3 KV heads cannot be spread over 4 mesh columns"):
-        column_heads(12, 3, 4)
+    with pytest.raises(ValueError, match="9 attention heads are not a whole number of groups of 2 KV heads"):
+        column_heads(9, 2, 4)
+
+
+def test_column_heads_pad_query_heads_when_kv_heads_are_fewer_than_the_columns() -> None:
+    t3k = column_heads(9, 3, 8)  # SmolLM2-135M on a T3K: 3 KV heads as 4, each over 2 columns
+    assert [c.kv for c in t3k] == [(0,), (0,), (1,), (1,), (2,), (2,), (None,), (None,)]
+    assert [c.q for c in t3k] == [(0, 1), (2, None), (3, 4), (5, None), (6, 7), (8, None), (None, None),
+                                  (None, None)]
+    assert all(c.q_to_kv == (0, 0) for c in t3k)
+    galaxy = column_heads(9, 3, 4)  # on a Galaxy's 4 columns: one KV head each, the last padding
+    assert [c.q for c in galaxy] == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (None, None, None)]
+    assert [c.kv for c in galaxy] == [(0,), (1,), (2,), (None,)]
+    gemma = column_heads(4, 1, 8)  # Gemma 3 270M on a T3K: one KV head on every column
+    assert [c.q for c in gemma] == [(0,), (1,), (2,), (3,)] + [(None,)] * 4 and {c.kv for c in gemma} == {(0,)}
+    # the even layouts are the plain ones (caches built before padding existed keep their layout)
+    assert [c.q for c in column_heads(8, 2, 4)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [c.kv for c in column_heads(8, 2, 4)] == [(0,), (0,), (1,), (1,)]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[tuple, Path]:
     root = tmp_path_factory.mktemp("padded")
+    # Qwen2's width stays 256 (head_dim 42, not a multiple of the tile)
     return {(family, heads, kv): make_checkpoint(family, root / f"{family}-{heads}-{kv}", num_attention_heads=heads,
-                                                 num_key_value_heads=kv, head_dim=32, hidden_size=32 * heads)
+                                                 num_key_value_heads=kv, head_dim=32,
+                                                 hidden_size=256 if family == "qwen2" else 32 * heads)
             for family, heads, kv in MODELS}
 
 

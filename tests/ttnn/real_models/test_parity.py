@@ -7,7 +7,7 @@ host reference forward (``models.common.reference``), against transformers on th
   the argmax at each position must be the next of those tokens. That is the same check as 16
   greedy steps (each step sees exactly the tokens the previous ones chose), 16 times cheaper;
 * bfloat8_b cache: logits PCC >= 0.99 on every prompt, and the first greedy token equal;
-* on meshes 1x1 and 1x2 (N300), and every warm tensor bit-identical to the cold build's (built
+* on meshes 1x1, 1x2 (N300), 1x8 (T3K) and 8x4 (Galaxy), and every warm tensor bit-identical to the cold build's (built
   in a child process, ``cold_build``, which reports a digest of every tensor it built).
 
 transformers runs in float32 on the bf16 checkpoint (the reference forward is float32 too), once
@@ -52,6 +52,9 @@ CASES = [
     pytest.param("bfloat16", (1, 2), id="bfloat16-1x2", marks=pytest.mark.slow),
     pytest.param("bfloat8_b", (1, 1), id="bfloat8_b-1x1", marks=pytest.mark.slow),
     pytest.param("bfloat8_b", (1, 2), id="bfloat8_b-1x2"),
+    # a T3K and a Galaxy: heads that do not divide their columns, padded with zero heads
+    pytest.param("bfloat16", (1, 8), id="bfloat16-1x8", marks=pytest.mark.slow),
+    pytest.param("bfloat16", (8, 4), id="bfloat16-8x4", marks=pytest.mark.slow),
 ]
 
 
