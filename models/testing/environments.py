@@ -40,13 +40,19 @@ def environment_python(name: Environment) -> Path:
     return python
 
 
+def run_python(name: Environment, *args: str, timeout: float = 1800,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python args`` in environment ``name``, this checkout first on the path, the hub offline."""
+    return subprocess.run([str(environment_python(name)), *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
 def run_module(name: Environment, module: str, *args: str, timeout: float = 1800,
                env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``python -m module args`` in environment ``name`` with this checkout first on the path;
-    returns the JSON object its last stdout line prints (a failure raises with its stderr)."""
-    proc = subprocess.run([str(environment_python(name)), "-m", module, *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", **(env or {})})
+    """``python -m module args`` in environment ``name``; returns the JSON object its last stdout
+    line prints (a failure raises with its stderr)."""
+    proc = run_python(name, "-m", module, *args, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} in the {name} environment exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
