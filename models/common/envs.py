@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 
 
@@ -81,6 +83,12 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         _text("GITHUB_STEP_SUMMARY", ""), "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),
     "GITHUB_OUTPUT": EnvVar(
         _text("GITHUB_OUTPUT", ""), "set by GitHub Actions: tt-cache seed appends cache-hit, warm, cold, built, failed"),
+    "TT_VENV": EnvVar(
+        lambda: Path(os.environ.get("TT_VENV") or _REPO_ROOT / ".venv").expanduser(),
+        "the default environment (transformers' reference for the vLLM tests; default <repo>/.venv)"),
+    "TT_VLLM_VENV": EnvVar(
+        lambda: Path(os.environ.get("TT_VLLM_VENV") or _REPO_ROOT / ".venv-vllm").expanduser(),
+        "the vLLM environment scripts/setup_vllm_env.sh builds (default <repo>/.venv-vllm)"),
     "TT_GGUF_CACHE": EnvVar(
         lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
         "where split GGUFs of the real models are assembled, shared by every model root"),

@@ -5,6 +5,10 @@ The content id is a SHA-256 over ``<relative path>:<SHA-256>`` of every file tha
 converted weights: ``config.json``, the shard index and every shard it names (any subfolder), or
 the single ``model.safetensors`` (:func:`models.common.checkpoint.checkpoint_files`). The same
 weights reached as an HF id, a local copy or a hub snapshot get one id; any changed byte another.
+``config.json`` counts by its content without :data:`BOOKKEEPING_CONFIG_FIELDS` (canonical JSON):
+the same checkpoint written by two transformers versions (the default environment and the vLLM
+one) is one checkpoint and shares one cache; every other field, added, dropped or changed, is
+another id.
 
 Every file is hashed once, on first sight, and recognised afterwards by its stamp
 (:mod:`~models.common.weight_cache.stamps`), kept in the cache root where every client of the
@@ -15,17 +19,21 @@ symlink) is identified by what it holds, so it can never pass for the genuine we
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 from loguru import logger
 
-from models.common.checkpoint import CheckpointError, checkpoint_files
+from models.common.checkpoint import CONFIG_FILE, CheckpointError, checkpoint_files, read_config
 from models.common.fileio import sha256_bytes
 from models.common.weight_cache.stamps import FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
 
 _SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+# config.json fields that record how and by what a checkpoint was written, never what it computes:
+# the one list the content id leaves out (anything else may change the forward, so it counts).
+BOOKKEEPING_CONFIG_FIELDS = frozenset({"transformers_version", "_name_or_path", "_commit_hash"})
 
 
 def hub_blob_name(path: Path) -> str | None:
@@ -54,9 +62,19 @@ def file_sha256(path: Path, relative: str, stamps: StampIndex) -> str:
     return digest
 
 
+def config_sha256(checkpoint_dir: Path) -> str:
+    """SHA-256 of ``config.json`` as canonical JSON without the bookkeeping fields (a few hundred
+    bytes: read each time, no stamp)."""
+    config = {key: value for key, value in read_config(checkpoint_dir).items() if key not in BOOKKEEPING_CONFIG_FIELDS}
+    return sha256_bytes(json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+
+
 def content_id(checkpoint_dir: Path, stamps: StampIndex) -> str:
     """SHA-256 over the checkpoint's weight-deciding files' SHA-256s (see the module doc)."""
     names = checkpoint_files(checkpoint_dir).identity_files
-    lines = [f"{name}:{file_sha256(checkpoint_dir / name, name, stamps)}" for name in names]
-    stamps.save(keep=names)
+    weights = [name for name in names if name != CONFIG_FILE]
+    digests = {CONFIG_FILE: config_sha256(checkpoint_dir)} | {
+        name: file_sha256(checkpoint_dir / name, name, stamps) for name in weights}
+    lines = [f"{name}:{digests[name]}" for name in names]
+    stamps.save(keep=weights)
     return sha256_bytes("\n".join(lines).encode())

@@ -33,17 +33,17 @@ from models.common.checkpoint import (
     resolve_checkpoint_dir,
 )
 from models.common.weight_cache.gate import CacheStatus, weight_cache_status
-from models.common.weight_cache.identity import content_id
+from models.common.weight_cache.identity import BOOKKEEPING_CONFIG_FIELDS, content_id
 from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir
 from models.common.weight_cache.marker import WeightCacheError, read_marker
 from models.common.weight_cache.stamps import StampIndex
 from models.common.weight_cache.usage import model_ids
 
-# config.json fields that do not change what the cached weights compute (how the checkpoint was
-# stored, which tokens start and stop generation, bookkeeping): a cache-only deploy may differ in them
-CONFIG_FIELDS_OUTSIDE_THE_FORWARD = frozenset({
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
-    "eos_token_id", "pad_token_id", "output_attentions", "output_hidden_states", "return_dict",
+# config.json fields that do not change what the cached weights compute (bookkeeping, how the
+# checkpoint was stored, which tokens start and stop generation): a cache-only deploy may differ in them
+CONFIG_FIELDS_OUTSIDE_THE_FORWARD = BOOKKEEPING_CONFIG_FIELDS | frozenset({
+    "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "output_attentions",
+    "output_hidden_states", "return_dict",
 })
 
 

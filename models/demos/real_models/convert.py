@@ -13,7 +13,8 @@ everything that decides a value or a name is transformers' own:
   device (no memory), and each tensor goes through the architecture's ``TensorProcessor`` (Llama's
   q/k rows un-permuted, Gemma's norms shifted back by 1) in float32, then one cast to bfloat16;
 * the tokenizer is the class transformers' ``AutoTokenizer`` picks for the architecture, loaded from
-  the GGUF and saved as it would be.
+  the GGUF and saved as it would be, then held to the GGUF's own rule for special tokens
+  (``tokenizer.ggml.add_bos_token`` / ``add_eos_token``), whichever transformers saved it.
 
 Per architecture only the tokenizer class is named here (``AutoTokenizer`` would re-parse the whole
 metadata to find it); the slow test against transformers' own conversion checks every file.
@@ -28,6 +29,7 @@ import os
 import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -221,13 +223,94 @@ def save_config(config, out_dir: Path) -> None:
     transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
 
 
-def save_tokenizer(gguf_path: Path, architecture: str, out_dir: Path) -> None:
+def save_tokenizer(gguf: GgufFile, out_dir: Path) -> None:
     """The tokenizer rebuilt from the GGUF's vocabulary, saved in the usual HF files (and the chat
-    template, which the GGUF carries, as ``chat_template.jinja``)."""
+    template, which the GGUF carries, as ``chat_template.jinja``), then made to add the special
+    tokens the GGUF says (:func:`follow_gguf_special_tokens`)."""
     transformers = _transformers()
-    tokenizer_class = getattr(transformers, TOKENIZER_CLASSES[architecture])
-    tokenizer = tokenizer_class.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer_class = getattr(transformers, TOKENIZER_CLASSES[gguf.metadata["general.architecture"]])
+    tokenizer = tokenizer_class.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
     tokenizer.save_pretrained(out_dir)
+    follow_gguf_special_tokens(gguf.metadata, out_dir)
+
+
+@dataclass(frozen=True)
+class SpecialTokenRule:
+    """What the GGUF's tokenizer metadata says a tokenized prompt starts and ends with."""
+
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None
+
+    @classmethod
+    def of(cls, metadata: dict[str, Any]) -> SpecialTokenRule:
+        template = metadata.get("tokenizer.chat_template")
+        return cls(metadata.get("tokenizer.ggml.bos_token_id"), metadata.get("tokenizer.ggml.eos_token_id"),
+                   bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+                   bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+                   template if isinstance(template, str) else None)
+
+    def wrap(self, body: list[int]) -> list[int]:
+        """The ids of a prompt whose tokens (without special tokens) are ``body``."""
+        return [self.bos_id] * self.add_bos + list(body) + [self.eos_id] * self.add_eos
+
+
+def _post_processor(rule: SpecialTokenRule, core):
+    """transformers' own post-processor for these flags (``update_post_processor`` of its Llama and
+    Gemma tokenizers): ``bos? $A eos?`` and ``bos? $A eos? bos?:1 $B:1 eos?:1``."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = core.id_to_token(rule.bos_id) if rule.add_bos else None
+    eos = core.id_to_token(rule.eos_id) if rule.add_eos else None
+    single = " ".join([f"{bos}:0"] * rule.add_bos + ["$A:0"] + [f"{eos}:0"] * rule.add_eos)
+    pair = " ".join([single] + [f"{bos}:1"] * rule.add_bos + ["$B:1"] + [f"{eos}:1"] * rule.add_eos)
+    special = [(bos, rule.bos_id)] * rule.add_bos + [(eos, rule.eos_id)] * (rule.add_eos and eos != bos)
+    return TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _follows(rule: SpecialTokenRule, core) -> bool:
+    probe = "Hello world"
+    return core.encode(probe).ids == rule.wrap(core.encode(probe, add_special_tokens=False).ids)
+
+
+def follow_gguf_special_tokens(metadata: dict[str, Any], out_dir: Path) -> None:
+    """Make ``tokenizer.json`` add ``<bos>`` / ``<eos>`` exactly as ``tokenizer.ggml.add_bos_token`` /
+    ``add_eos_token`` say. Some transformers versions drop the GGUF's flags when they save (5.20
+    writes Gemma 3 a post-processor without ``<bos>``), so the same GGUF would tokenize differently
+    by which environment prepared it. A file that already follows the rule is left as written."""
+    from tokenizers import Tokenizer
+
+    rule = SpecialTokenRule.of(metadata)
+    path = out_dir / "tokenizer.json"
+    core = Tokenizer.from_file(str(path))
+    if _follows(rule, core):
+        return
+    core.post_processor = _post_processor(rule, core)
+    core.save(str(path))  # the writer save_pretrained uses: the same bytes transformers would write
+
+
+def verify_special_tokens(metadata: dict[str, Any], out_dir: Path) -> None:
+    """The saved tokenizer tokenizes as the GGUF says: its special tokens added by the rule, the
+    GGUF's bos / eos ids named as ``bos_token`` / ``eos_token``, and the GGUF's chat template."""
+    from tokenizers import Tokenizer
+
+    rule = SpecialTokenRule.of(metadata)
+    core = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    if not _follows(rule, core):
+        raise PrepareError(f"tokenizer.json does not add the special tokens the GGUF says "
+                           f"(add_bos_token={rule.add_bos}, add_eos_token={rule.add_eos})")
+    settings = json.loads((out_dir / "tokenizer_config.json").read_text())
+    for role, token_id in (("bos", rule.bos_id), ("eos", rule.eos_id)):
+        if token_id is not None and settings.get(f"{role}_token") != core.id_to_token(token_id):
+            raise PrepareError(f"tokenizer_config.json {role}_token {settings.get(f'{role}_token')!r}, the GGUF's "
+                               f"{role} id {token_id} is {core.id_to_token(token_id)!r}")
+    template = out_dir / "chat_template.jinja"
+    saved = template.read_text() if template.is_file() else None
+    if saved != rule.chat_template:
+        raise PrepareError("chat_template.jinja is not the GGUF's tokenizer.chat_template"
+                           if rule.chat_template else "chat_template.jinja written, the GGUF has no chat template")
 
 
 def verify_checkpoint(out_dir: Path, model_type: str, expected: dict[str, tuple[int, ...]]) -> None:

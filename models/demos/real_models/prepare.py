@@ -18,7 +18,8 @@ once and lays the result out exactly like a Hugging Face hub cache entry::
             .<rev>.tmp.<pid>.<tid>.<token>/ a preparer's work in progress (debris if it was killed)
 
 ``<rev>`` is the first 40 hex digits of SHA-256 over the GGUF's SHA-256 and the conversion
-recipe version, so it is stable for a given source and changes when the source or the recipe does.
+recipe version, so it is stable for a given source and changes when the source or the recipe does;
+it does not depend on the environment, so every environment resolves one snapshot (``revision``).
 Plain files stand in the snapshot (no ``blobs/`` symlinks); ``huggingface_hub`` resolves
 ``refs/main`` -> ``snapshots/<rev>/<file>`` offline either way.
 
@@ -82,9 +83,10 @@ DEFAULT_MODEL_ROOT = REPO_ROOT / "model_data"
 MANIFEST_NAME = ".prepared.json"
 WEIGHTS_NAME = "model.safetensors"
 # Bump when the conversion changes what lands in a snapshot: a new recipe gets a new revision.
-# Still 1: every conversion so far writes byte for byte the files transformers' GGUF loader +
-# ``save_pretrained`` write (the slow test checks it), so snapshots made either way are one.
-RECIPE_VERSION = 1
+# 2: one revision for every transformers version, the tokenizer held to the GGUF's special-token
+# rule. The files are still byte for byte what transformers' GGUF loader + ``save_pretrained``
+# write (the slow test checks it), but for that rule and the bookkeeping fields.
+RECIPE_VERSION = 2
 
 __all__ = ["ModelRootError", "PrepareError", "UnknownModelError", "main", "model_snapshot", "prepare_gemma3_270m", "prepare_model"]
 
@@ -103,11 +105,15 @@ def transformers_version() -> str:
 
 
 def revision(model: KnownModel) -> str:
-    """The snapshot revision: stable per (GGUF content, recipe, transformers version). The files are
-    byte for byte what the installed transformers writes, and its version is in ``config.json``, so
-    environments with another transformers (the vLLM one pins an older one) prepare a snapshot of
-    their own beside this one instead of serving each other a config they would not write."""
-    key = f"{model.sha256}\nrecipe={RECIPE_VERSION}\ntransformers={transformers_version()}\n"
+    """The snapshot revision: stable per (GGUF content, recipe), the same in every environment.
+
+    Every environment (the default one, the vLLM one with another transformers) resolves the one
+    snapshot ``refs/main`` names, so preparing in one never repoints what another reads. The
+    files differ by transformers version only in bookkeeping (``transformers_version`` in the
+    configs, load-time keys in ``tokenizer_config.json``: nothing that changes a token or a weight;
+    the tokenizer follows the GGUF's own special-token rule whichever transformers saved it), so
+    whichever environment prepares first writes the snapshot, and its manifest records which."""
+    key = f"{model.sha256}\nrecipe={RECIPE_VERSION}\n"
     return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
@@ -216,9 +222,10 @@ def convert(model: KnownModel, gguf_path: Path, out_dir: Path) -> None:
     with _step(model, "dequantize + write weights"):
         expected = conversion.write_weights(gguf, plan, processor, out_dir)
     with _step(model, "load + save tokenizer"):
-        conversion.save_tokenizer(gguf_path, model.architecture, out_dir)
+        conversion.save_tokenizer(gguf, out_dir)
     with _step(model, "verify"):
         conversion.verify_checkpoint(out_dir, config.model_type, expected)
+        conversion.verify_special_tokens(gguf.metadata, out_dir)
 
 
 def _fsync_tree(directory: Path) -> None:

@@ -10,10 +10,12 @@ The hub cache is a private copy of the prepared snapshot in the hub's own layout
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from safetensors import safe_open
 
 from models.common.fileio import sha256_file
 from models.demos.real_models.prepare import prepare_model
+from models.testing.environments import run_module, run_python
 from models.testing.tiny_models import pcc
 from tests.ttnn.vllm.engines import run_offline
 
@@ -135,33 +138,19 @@ def deploy_hub(source, tmp_path_factory) -> Iterator[Path]:
     shutil.rmtree(destination, ignore_errors=True)
 
 
-def prompt_ids_of(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """The token ids vLLM computes for ``prompt``: the chat template rendered to text and tokenized
-    without special tokens (what ``llm.chat`` does), or the plain tokenizer."""
-    if not chat:
-        return tokenizer(prompt).input_ids
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
-
-
 @pytest.fixture(scope="module")
-def transformers_reference(real_model, hub) -> dict[str, list]:
-    """transformers' fp32 greedy tokens and first-step logits of each prompt."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    snapshot = snapshot_of(hub)
-    tokenizer = AutoTokenizer.from_pretrained(snapshot)
-    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
-    tokens, logits, ids = [], [], []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            prompt_ids = prompt_ids_of(tokenizer, prompt, real_model.chat)
-            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=STEPS, do_sample=False)
-            tokens.append(out[0, len(prompt_ids):].tolist())
-            logits.append(model(torch.tensor([prompt_ids])).logits[0, -1])
-            ids.append(prompt_ids)
-    return {"tokens": tokens, "logits": logits, "ids": ids}
+def transformers_reference(real_model, hub, tmp_path_factory) -> dict[str, list]:
+    """transformers' fp32 greedy tokens, first-step logits and prompt ids (the chat template
+    rendered to text and tokenized without special tokens, as ``llm.chat`` does), computed in the
+    default environment: never by the transformers of the environment under test, so a tokenizer
+    or config fault of this one fails the tests instead of agreeing with itself."""
+    logits = tmp_path_factory.mktemp("reference") / "logits.pt"
+    report = run_module("default", "models.testing.transformers_reference", str(snapshot_of(hub)), json.dumps(PROMPTS),
+                        *(("--chat",) if real_model.chat else ()), "--steps", str(STEPS), "--logits", str(logits))
+    assert Path(report["python"]) != Path(sys.executable)
+    rows = report["prompts"]
+    return {"tokens": [row["tokens"] for row in rows], "logits": list(torch.load(logits)),
+            "ids": [row["ids"] for row in rows]}
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +195,23 @@ def test_a_fresh_copy_starts_warm(real_model, source, cold_start, bf16_cache, tr
     report = assert_started(proc, report)
     assert report["startup"]["warm"] is True, report["startup"]
     assert_greedy(report, transformers_reference["tokens"])
+
+
+def test_a_cache_built_in_the_default_environment_starts_warm(real_model, source, hub, transformers_reference,
+                                                            tmp_path):
+    """One cache for both environments: the model prepared and its cache built in the default
+    environment (its transformers writes the configs), then vLLM's start here is warm."""
+    skip_unless_once(real_model, "one cache for both environments")
+    prepared = run_python("default", "-m", "models.demos.real_models.prepare", real_model.name)
+    assert prepared.returncode == 0 and Path(prepared.stdout.split()[-1]) == source, prepared.stderr[-4000:]
+    cache = tmp_path / "default-environment-cache"
+    built = run_python("default", "-m", "models.tt_cache.cli", "build", real_model.hub_id, "--precision", "bfloat16",
+                       "--cache-root", str(cache), env={"HF_HUB_CACHE": str(hub), "TT_CACHE_PATH": str(cache)})
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
+    proc, report = start(real_model, hub_env(hub, cache), tmp_path / "report.json")
+    report = assert_started(proc, report)
+    assert report["startup"]["warm"] is True, report["startup"]
+    assert_greedy(report, transformers_reference["tokens"], transformers_reference["ids"])
 
 
 def test_a_tampered_copy_never_gets_the_cache(real_model, source, cold_start, bf16_cache, tmp_path):

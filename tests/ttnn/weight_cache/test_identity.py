@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from models.common.checkpoint import CheckpointError, checkpoint_files
-from models.common.weight_cache.identity import content_id
+from models.common.weight_cache.identity import BOOKKEEPING_CONFIG_FIELDS, content_id
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.stamps import FINE_TICK_NS, FileStamp, StampIndex
 from models.llama import LlamaLoader
@@ -55,12 +55,67 @@ def test_content_id_follows_bytes_not_names_or_stamps(models, tmp_path):
     assert ident(models["a"], tmp_path) == original
 
 
+def perturbed(value):
+    """Another value of the same kind (a number moved, a flag flipped, a text, list or table grown)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, list):
+        return [*value, value[-1] if value else 1]
+    if isinstance(value, dict):
+        return {**value, "added": 1}
+    return 1  # None
+
+
+def with_config(source: Path, target: Path, config: dict) -> Path:
+    """A copy of ``source`` whose config.json is ``config``."""
+    checkpoint = copy_checkpoint(source, target)
+    (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def gemma_model(tmp_path_factory) -> Path:
+    return make_checkpoint("gemma3", tmp_path_factory.mktemp("identity-gemma") / "tiny-gemma3")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_every_config_field_but_the_bookkeeping_ones_changes_the_content_id(family, models, gemma_model, tmp_path):
+    """One list (``BOOKKEEPING_CONFIG_FIELDS``) says which config.json fields cannot change the
+    computation; every other field of a real config, changed or dropped, and a field added, is
+    another id. The listed ones (the transformers version of the environment that wrote it), and
+    the layout of the JSON, are not."""
+    source = models["a"] if family == "llama" else gemma_model
+    config = json.loads((source / "config.json").read_text())
+    original = ident(source, tmp_path)
+    assert {"num_attention_heads", "num_key_value_heads", "vocab_size", "dtype", "transformers_version"} <= set(config)
+    assert '"rope_theta"' in json.dumps(config)
+    for index, (key, value) in enumerate(config.items()):
+        changed = with_config(source, tmp_path / f"changed-{index}", {**config, key: perturbed(value)})
+        dropped = with_config(source, tmp_path / f"dropped-{index}", {k: v for k, v in config.items() if k != key})
+        expect_same = key in BOOKKEEPING_CONFIG_FIELDS
+        assert (ident(changed, tmp_path) == original) == expect_same, key
+        assert (ident(dropped, tmp_path) == original) == expect_same, key
+    for key in sorted(BOOKKEEPING_CONFIG_FIELDS):
+        added = with_config(source, tmp_path / f"added-{key}", {**config, key: "4.57.1"})
+        assert ident(added, tmp_path) == original, key
+    assert ident(with_config(source, tmp_path / "new-field", {**config, "new_field": 1}), tmp_path) != original
+    rope = json.loads(json.dumps(config).replace('"rope_theta": ', '"rope_theta": 1'))  # every rope_theta, nested too
+    assert ident(with_config(source, tmp_path / "rope", rope), tmp_path) != original
+    reordered = with_config(source, tmp_path / "reordered", dict(reversed(list(config.items()))))
+    (reordered / "config.json").write_text(json.dumps(dict(reversed(list(config.items())))))  # no indent either
+    assert ident(reordered, tmp_path) == original
+
+
 def test_a_stamped_checkpoint_is_not_read_again(models, tmp_path):
     checkpoint = copy_checkpoint(models["a"], tmp_path / "model")
     time.sleep(0.1)  # past the file system's clock tick: the stamps settle
     stamps = StampIndex(tmp_path / "stamps.json")
     content_id(checkpoint, stamps)
-    assert len(stamps) == 2  # config and weights, hashed once
+    assert len(stamps) == 1  # the weights, hashed once (config.json is read each time: a few hundred bytes)
     before = _read_bytes()
     content_id(checkpoint, StampIndex(tmp_path / "stamps.json"))
     assert _read_bytes() - before < (checkpoint / "model.safetensors").stat().st_size // 2
