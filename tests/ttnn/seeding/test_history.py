@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 from models.seeding.history import SCHEMA_VERSION, TREND_RUNS, RunRecord, append_record, read_records, sparkline
-from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import cli_env, error_line, tt_cache
 
 
 @pytest.fixture(scope="module")
-def half_warm(tmp_path_factory) -> dict:
+def half_warm(tmp_path_factory, tiny_checkpoints) -> dict:
     """A plan of two variants of a tiny llama, one of them seeded: a check is a 50% hit."""
     from models.registry import loader_class
 
     root = tmp_path_factory.mktemp("history")
-    llama = make_checkpoint("llama", root / "tiny-llama")
+    llama = tiny_checkpoints["llama"]
     loader_class("llama")(llama, cache_root=root / "cache", precision="bfloat16").seed()
     plan = root / "plan.yaml"
     plan.write_text(json.dumps({"models": [{"model": str(llama), "meshes": ["N150", "N300"],

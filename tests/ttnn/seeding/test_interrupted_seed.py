@@ -17,17 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> dict:
+def plan(tmp_path_factory, tiny_checkpoints) -> dict:
     """Four variants of two tiny checkpoints; the first one already warm, so it finishes at once."""
     from models.registry import loader_class
 
     root = tmp_path_factory.mktemp("interrupted")
-    llama, qwen = make_checkpoint("llama", root / "tiny-llama"), make_checkpoint("qwen3", root / "tiny-qwen3")
+    llama, qwen = tiny_checkpoints["llama"], tiny_checkpoints["qwen3"]
     loader_class("llama")(llama, cache_root=root / "cache", precision="bfloat16").seed()
     path = root / "plan.yaml"
     path.write_text(json.dumps({"models": [
