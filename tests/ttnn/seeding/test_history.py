@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 from models.seeding.history import SCHEMA_VERSION, TREND_RUNS, RunRecord, append_record, read_records, sparkline
-from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import cli_env, error_line, tt_cache
 
 
 @pytest.fixture(scope="module")
-def half_warm(tmp_path_factory) -> dict:
+def half_warm(tmp_path_factory, tiny_checkpoints) -> dict:
     """A plan of two variants of a tiny llama, one of them seeded: a check is a 50% hit."""
     from models.registry import loader_class
 
     root = tmp_path_factory.mktemp("history")
-    llama = make_checkpoint("llama", root / "tiny-llama")
+    llama = tiny_checkpoints["llama"]
     loader_class("llama")(llama, cache_root=root / "cache", precision="bfloat16").seed()
     plan = root / "plan.yaml"
     plan.write_text(json.dumps({"models": [{"model": str(llama), "meshes": ["N150", "N300"],
@@ -122,3 +121,16 @@ def test_sparkline_scales_between_its_bounds():
     assert sparkline([None, 2.0, 7.0], 0) == " ▃█"
     assert sparkline([-1.0, 2.0], 0.0, 1.0) == "▁█"  # clamped to the bounds
     assert sparkline([None]) == " "
+
+
+def test_a_bad_plan_is_a_run_of_the_history_too(tmp_path):
+    history, summary, plan = tmp_path / "history.jsonl", tmp_path / "summary.md", tmp_path / "plan.yaml"
+    plan.write_text("models: [\n")
+    env = {**cli_env(tmp_path / "cache"), "GITHUB_STEP_SUMMARY": str(summary)}
+    out = tt_cache("seed", "--plan", str(plan), "--check", "--history", str(history), env=env)
+    assert out.returncode == 2 and "not valid YAML" in error_line(out, "seed")
+    (record,) = read_records(history)
+    assert (record.variants, record.hit_rate, record.outcomes, record.error_type) == (0, None, {}, "bad_input")
+    rows, spark = _trend(summary.read_text())
+    assert [row[2:4] + row[6:] for row in rows] == [["0", "-", "- (stopped: bad_input)"]]
+    assert spark.startswith("hit rate ` ` (0-100%)")

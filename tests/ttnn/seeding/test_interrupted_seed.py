@@ -6,26 +6,27 @@ as skipped with the reason, in the JUnit XML, the JSON report and the GitHub job
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import psutil
 import pytest
 
-from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> dict:
+def plan(tmp_path_factory, tiny_checkpoints) -> dict:
     """Four variants of two tiny checkpoints; the first one already warm, so it finishes at once."""
     from models.registry import loader_class
 
     root = tmp_path_factory.mktemp("interrupted")
-    llama, qwen = make_checkpoint("llama", root / "tiny-llama"), make_checkpoint("qwen3", root / "tiny-qwen3")
+    llama, qwen = tiny_checkpoints["llama"], tiny_checkpoints["qwen3"]
     loader_class("llama")(llama, cache_root=root / "cache", precision="bfloat16").seed()
     path = root / "plan.yaml"
     path.write_text(json.dumps({"models": [
@@ -96,3 +97,38 @@ def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signu
     assert record["outcomes"] == {"interrupted": 1, "skipped": 2, "warm": 1} and record["hit_rate"] == 0.25
     assert record["error_type"] == "interrupted" and "#### Trend over the last 1 run(s)" in summary
     assert not list((plan["root"] / "cache").glob("tiny-llama--*/bfloat16/mesh_1x2/.weights_complete.*"))
+
+
+def test_a_run_interrupted_while_opening_its_plan_reports_every_combination(plan, tmp_path):
+    """The signal comes while the plan's variants are being opened (the first model's config.json is
+    a FIFO nobody writes: the run blocks reading it): every combination of the plan is still a case."""
+    model = tmp_path / "blocked"
+    model.mkdir()
+    os.mkfifo(model / "config.json")
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps({"models": [
+        {"model": str(model), "meshes": ["N150", "N300"], "precisions": ["bfloat16"]},
+        {"model": str(plan["llama"]), "meshes": ["N150"], "precisions": ["bfloat16"]},
+    ]}))
+    junit, report = tmp_path / "check.xml", tmp_path / "check.json"
+    check = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "seed", "--plan", str(path), "--check",
+                              "--junit", str(junit), "--report", str(report)],
+                             cwd=REPO_ROOT, env=cli_env(plan["root"] / "cache"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    wchan, deadline = Path(f"/proc/{check.pid}/wchan"), time.monotonic() + 120
+    while wchan.read_text() not in ("wait_for_partner", "fifo_open") and time.monotonic() < deadline:
+        assert check.poll() is None, check.communicate()
+        time.sleep(0.05)
+    assert wchan.read_text() in ("wait_for_partner", "fifo_open"), "the check never blocked on the FIFO"
+    check.send_signal(signal.SIGTERM)
+    _, err = check.communicate(timeout=60)
+    assert check.returncode == 130 and "Traceback" not in err, err[-3000:]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert [(case.get("classname"), case.get("name")) for case in cases] == [
+        (str(model), "N150 bfloat16"), (str(model), "N300 bfloat16"), (str(plan["llama"]), "N150 bfloat16")]
+    assert [suite.get(key) for key in ("tests", "failures", "errors", "skipped")] == ["3", "0", "1", "2"]
+    assert cases[0].find("error").get("message") == "interrupted by SIGTERM before it started"
+    assert [case.find("skipped").get("message") for case in cases[1:]] == [
+        "not run: tt-cache check was interrupted by SIGTERM"] * 2
+    assert [case["outcome"] for case in json.loads(report.read_text())["cases"]] == ["interrupted", "skipped", "skipped"]

@@ -14,7 +14,6 @@ import termios
 import pytest
 
 from models.seeding.progress import ProgressTracker
-from models.testing.tiny_models import make_checkpoint
 
 MiB = 1 << 20
 
@@ -72,12 +71,12 @@ def test_a_bar_never_reads_past_100_percent(tmp_path):
 
 
 @pytest.mark.parametrize("mesh", [(1, 1), (1, 2)])
-def test_a_real_seed_stays_within_its_total(mesh, tmp_path):
+def test_a_real_seed_stays_within_its_total(mesh, tiny_checkpoints, tmp_path):
     """One device: the estimate is what is written, headers counted. Two: the estimate is short by
     the larger headers of the sharded files; the counts still end at 100%."""
     from models.registry import loader_class
 
-    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+    checkpoint = tiny_checkpoints["llama"]
     seen = []
 
     class Watching(ProgressTracker):

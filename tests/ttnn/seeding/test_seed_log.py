@@ -8,12 +8,11 @@ import json
 import subprocess
 import sys
 
-from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env
 
 
-def test_each_variant_line_is_printed_once_with_stderr_merged_into_stdout(tmp_path):
-    llama, qwen = make_checkpoint("llama", tmp_path / "tiny-llama"), make_checkpoint("qwen3", tmp_path / "tiny-qwen3")
+def test_each_variant_line_is_printed_once_with_stderr_merged_into_stdout(tiny_checkpoints, tmp_path):
+    llama, qwen = tiny_checkpoints["llama"], tiny_checkpoints["qwen3"]
     plan = tmp_path / "plan.yaml"
     plan.write_text(json.dumps({"models": [
         {"model": str(llama), "meshes": ["N150", "N300"], "precisions": ["bfloat16"]},
@@ -32,6 +31,10 @@ def test_each_variant_line_is_printed_once_with_stderr_merged_into_stdout(tmp_pa
         assert [sum(line.startswith(case) for line in lines) for case in cases] == [1, 1, 1], text[-3000:]
         assert sum(line.startswith(verdict) for line in lines) == 1, text[-3000:]
     assert not any(case in alone.stderr for case in cases), "a variant's line on stderr as well as on stdout"
+    document = subprocess.run([*command, "--json"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=300)
+    assert json.loads(document.stdout)["counts"] == {"cold": 3}  # --json: stdout is the document alone
+    assert [sum(line.startswith(case) for line in document.stderr.splitlines()) for case in cases] == [1, 1, 1]
     printed = [line for line in alone.stdout.splitlines() if line]
     assert [line.split(": cold: ")[0] for line in printed[:3]] == [case.split(": cold: ")[0] for case in cases]
     assert printed[3].startswith(verdict) and len(printed) == 4
