@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch
 import ttnn
 
 from models.common import weight_cache as wc
+from models.common.checkpoint import CheckpointError
 from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.marker import read_marker
 from models.gemma import Gemma3Loader
@@ -156,3 +160,56 @@ def test_a_tensorbin_renamed_over_after_the_gate_is_cold(llama, cache_root, tmp_
     assert not spare.exists()
     assert not loaded.warm and same(tensors_of(loaded), reference)
     assert f"{victim} changed after the gate verified it" in captured_warnings()
+
+
+RACER = """
+import os, sys, time
+from pathlib import Path
+victim, original, intruder, stop = map(Path, sys.argv[1:5])
+temp = victim.with_name(".racer.tmp")
+rounds = 0
+print("racing", flush=True)
+while not stop.exists():
+    for source in (intruder, original):  # another weight's file over it, then its own again
+        os.link(source, temp)
+        os.replace(temp, victim)
+        time.sleep(0.0005)
+    rounds += 1
+print(rounds, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_racing_process_renaming_tensorbins_over_is_never_served(llama, cache_root, tmp_path):
+    """A process renames another weight's tensorbin over one of a cache-only deploy's, and its own
+    back, as fast as it can, for many warm loads: each load is the right weights or a clear error."""
+    deploy = shutil.copytree(llama, tmp_path / "deploy")
+    reference = tensors_of(LlamaLoader(deploy, precision="bfloat16").load())
+    for weights in deploy.glob("*.safetensors"):
+        weights.unlink()  # cache-only: no rebuild moves the files away from the racer
+    loader = LlamaLoader(deploy, precision="bfloat16")
+    marker = read_marker(loader.cache_dir, loader.build_variant)
+    victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
+    original, intruder = tmp_path / "original.tensorbin", tmp_path / "intruder.tensorbin"
+    os.link(victim, original)
+    shutil.copyfile(loader.cache_dir / next(r.path for r in marker.files if "layers.1/attention.wqkv" in r.path),
+                    intruder)
+    stop = tmp_path / "stop"
+    racer = subprocess.Popen([sys.executable, "-c", RACER, str(victim), str(original), str(intruder), str(stop)],
+                             stdout=subprocess.PIPE, text=True)
+    served = refused = 0
+    try:
+        assert racer.stdout.readline().strip() == "racing"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                loaded = LlamaLoader(deploy, precision="bfloat16").load()
+            except (CheckpointError, wc.WeightCacheError):
+                refused += 1
+                continue
+            assert loaded.warm and same(tensors_of(loaded), reference), f"wrong weights served after {served} loads"
+            served += 1
+    finally:
+        stop.touch()
+        rounds = int(racer.communicate(timeout=60)[0].split()[-1])
+    assert rounds > 100 and served + refused > 20, (rounds, served, refused)
