@@ -75,6 +75,12 @@ def content_id(checkpoint_dir: Path, stamps: StampIndex) -> str:
     weights = [name for name in names if name != CONFIG_FILE]
     digests = {CONFIG_FILE: config_sha256(checkpoint_dir)} | {
         name: file_sha256(checkpoint_dir / name, name, stamps) for name in weights}
-    lines = [f"{name}:{digests[name]}" for name in names]
     stamps.save(keep=weights)
-    return sha256_bytes("\n".join(lines).encode())
+    return content_id_of(names, digests)
+
+
+def content_id_of(names: list[str], digests: dict[str, str]) -> str:
+    """The content id over the identity files ``names`` and their SHA-256s (``config.json``'s by
+    :func:`config_sha256`): for a caller that knows the weights' digests already (a prepared
+    snapshot's completion record)."""
+    return sha256_bytes("\n".join(f"{name}:{digests[name]}" for name in names).encode())

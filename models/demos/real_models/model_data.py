@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.common.fileio import file_lock, is_temp_path, sha256_bytes, unlink_beneath
+from models.common.fileio import file_lock, is_temp_path, unlink_beneath
 from models.common.weight_cache.layout import tree_usage
 from models.demos.real_models.known import KNOWN_MODELS, KnownModel
 from models.demos.real_models.prepare import (
@@ -67,17 +67,20 @@ class Snapshot:
 
     @property
     def content_id(self) -> str | None:
-        """The weight cache's content id of these weights (``models.common.weight_cache.identity``),
-        from the recorded digests; None when a file it hashes is not recorded."""
-        from models.common.checkpoint import CheckpointError, checkpoint_files
+        """The weight cache's content id of these weights (``models.common.weight_cache.identity``):
+        the weights' digests from the record, config.json's by the weight cache's own rule; None
+        when a weight file it hashes is not recorded or config.json cannot be read."""
+        from models.common.checkpoint import CONFIG_FILE, CheckpointError, checkpoint_files
+        from models.common.weight_cache.identity import config_sha256, content_id_of
 
         try:
             names = checkpoint_files(self.path).identity_files
+            digests = {CONFIG_FILE: config_sha256(self.path)}
         except CheckpointError:
             return None
-        if not all(name in self.digests for name in names):
+        if not all(name in self.digests for name in names if name != CONFIG_FILE):
             return None
-        return sha256_bytes("\n".join(f"{name}:{self.digests[name]}" for name in names).encode())
+        return content_id_of(names, {**self.digests, **digests})
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "snapshot", "model": self.model.name, "repo_id": self.model.repo_id, "revision": self.revision,

@@ -163,10 +163,11 @@ def test_a_snapshot_a_cache_was_built_from_or_a_plan_names_is_kept(world):
     (["--model-data", "--keep-plan", "MISSING"], "nothing was removed"),
     ([], "clean needs DIR"),
     (["TMP", "--model", "smollm2-135m"], "--model and --keep-plan go with --model-data"),
+    (["TMP", "--model-data", "--model-root", "FILE"], "exists and is not a directory"),
 ])
 def test_bad_input_removes_nothing(world, args, message):
     before = _tree(world["root"], world["assembled"].parent.parent)
-    where = {"MISSING": str(world["tmp"] / "missing.yaml"), "TMP": str(world["tmp"])}
+    where = {"MISSING": str(world["tmp"] / "missing.yaml"), "TMP": str(world["tmp"]), "FILE": str(world["outside"])}
     out = tt_cache("clean", *[where.get(a, a) for a in args], env=world["env"])
     assert out.returncode == 2 and message in error_line(out, "clean")
     assert _tree(world["root"], world["assembled"].parent.parent) == before
