@@ -28,9 +28,9 @@ from typing import NoReturn
 from models.common.checkpoint import read_config
 from models.common.device_env import ensure_host_cluster
 from models.common.heads import layout_problem
+from models.common.measure import MeasureError, report, run_measured
 from models.common.mesh import MESH_SPELLINGS, MeshError, parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.measure import MeasureError, report, run_measured
 from models.demos.real_models.known import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
