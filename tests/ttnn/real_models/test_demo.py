@@ -48,3 +48,14 @@ def test_demo_refuses_an_unknown_model(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "invalid choice: 'llama-7b'" in done.stderr and all(name in done.stderr for name in KNOWN_MODELS)
     assert "Traceback" not in done.stderr and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("model", model_params(names=("smollm2-135m",)))
+def test_demo_refuses_a_mesh_the_model_cannot_be_laid_over_before_building(model, tmp_path: Path) -> None:
+    """SmolLM2's MLP (1536 hidden units) does not split over 7 columns: refused from its config.json."""
+    prepare_model(model.name)
+    done = _demo("--model", model.name, "--mesh", "1x7", cache=tmp_path / "cache")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "demo: smollm2-135m cannot be built on mesh 1x7: its MLP hidden size 1536 cannot be split over 7 mesh columns"]
+    assert not (tmp_path / "cache").exists()

@@ -135,3 +135,29 @@ def test_offline_example_refuses_token_prompts_for_chat_in_one_line(tmp_path):
                            "--prompts_json", str(prompts)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "offline_inference_tt: --chat takes text prompts only (a chat template renders text)"
+
+
+@pytest.mark.parametrize("mesh", ["T3K", "TG"])
+def test_paged_forward_on_meshes_whose_columns_the_heads_do_not_divide(mesh, cache_root, monkeypatch, tmp_path):
+    """SmolLM2-135M's 9 query / 3 KV heads, padded with zero heads on a T3K's 8 and a Galaxy's 4
+    columns: the paged prefill and decode still give transformers' tokens."""
+    from transformers import AutoConfig
+
+    from models.vllm_plugin.tt_models import TTQwen3ForCausalLM
+
+    checkpoint = make_checkpoint("qwen3", tmp_path / "smol-shaped", num_attention_heads=9, num_key_value_heads=3,
+                                 head_dim=32, hidden_size=288)
+    monkeypatch.setenv("MESH_DEVICE", mesh)
+    model = TTQwen3ForCausalLM.initialize_vllm_model(AutoConfig.from_pretrained(checkpoint), None, 2, 64,
+                                                     precision="bfloat16")
+    assert model.decoder.cols == {"T3K": 8, "TG": 4}[mesh]
+    kv = model.allocate_kv_cache((8, 3, 4, 32), torch.float32, 2)
+    table = torch.tensor([[3, 1, 6, 2, 7]])
+    logits = model.prefill_forward(torch.tensor([PROMPT]), table, kv, [len(PROMPT)])
+    assert pcc(logits[0, 0], hf_logits(checkpoint, PROMPT)[-1]) > 0.9999
+    out, position = [int(logits[0, 0].argmax())], len(PROMPT)
+    for _ in range(3):
+        logits = model.decode_forward(torch.tensor([[out[-1]]]), torch.tensor([position]), table, kv)
+        out.append(int(model.read_decode_output(logits)[0, 0].argmax()))
+        position += 1
+    assert out == hf_greedy(checkpoint, PROMPT, 4)
