@@ -22,6 +22,9 @@ of cyclic garbage are not guaranteed at exit anyway), so the front end freezes t
 hook, as vLLM's engine core does on ROCm. Not where ttnn is loaded (an engine in the script's own
 process): its bindings report every object left uncollected as a leak. ``TT_VLLM_FREEZE_AT_EXIT=0``
 turns it off.
+
+**The server's engine core.** ``vllm serve`` ends its engine core with no grace at all by default
+(:func:`grant_engine_core_grace`).
 """
 
 from __future__ import annotations
@@ -109,6 +112,20 @@ def install_signal_forwarding() -> SignalForwarder | None:
     threading.Thread(target=forwarder.run, name="tt-signal-forward", daemon=True).start()
     logger.debug("engine core: SIGTERM/SIGINT taken by another thread are forwarded to the main thread")
     return forwarder
+
+
+# vLLM's own variable: how long its process manager lets an engine core exit after SIGTERM.
+ENGINE_CORE_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+ENGINE_CORE_GRACE_S = 5  # vLLM's own best-effort window; with the forwarding above an engine core exits in < 1 s
+
+
+def grant_engine_core_grace() -> None:
+    """``vllm serve`` by default (``--shutdown-timeout 0``: abort requests) gives its engine core
+    no time at all: SIGTERM, then at once SIGKILL (``get_engine_process_shutdown_timeout`` returns
+    0), and the front end logs the dead engine's ``EngineDeadError`` traceback on its way out.
+    Requests are still aborted at once; only the process gets vLLM's usual window, through vLLM's
+    own variable, unless the user set it."""
+    os.environ.setdefault(ENGINE_CORE_GRACE_ENV, str(ENGINE_CORE_GRACE_S))
 
 
 _freeze_registered = False
