@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from models.testing import REPO_ROOT
 from models.testing.tiny_models import make_checkpoint, tiny_config
 from tests.ttnn.vllm.oracle import tiny_tokenizer
 
@@ -88,12 +89,12 @@ def test_refused_fields_are_http_400_and_sigint_ends_the_server_cleanly(checkpoi
     log = tmp_path / "serve.log"
     vllm = Path(sys.executable).parent / "vllm"
     env = {**os.environ, "TT_CACHE_PATH": str(tmp_path / "tt-cache"), "HF_HUB_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONPATH": str(REPO_ROOT)}  # this checkout's plugin
     with log.open("w") as out:
         proc = subprocess.Popen([str(vllm), "serve", str(checkpoint), "--served-model-name", MODEL, "--host",
                                  "127.0.0.1", "--port", str(port), "--max-model-len", "64", "--max-num-seqs", "2",
                                  "--additional-config", json.dumps({"precision": "bfloat16"})],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True)
     try:
         wait_until_serving(proc, base)
         chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT_TEXT}], "max_tokens": 3,
