@@ -24,7 +24,8 @@ process): its bindings report every object left uncollected as a leak. ``TT_VLLM
 turns it off.
 
 **The server's engine core.** ``vllm serve`` ends its engine core with no grace at all by default
-(:func:`grant_engine_core_grace`).
+(:func:`grant_engine_core_grace`), and logs its own orderly shutdown as a dead engine
+(:func:`quiet_engine_dead_at_shutdown`).
 """
 
 from __future__ import annotations
@@ -129,6 +130,43 @@ def grant_engine_core_grace() -> None:
     Requests are still aborted at once; only the process gets vLLM's usual window, through vLLM's
     own variable, unless the user set it."""
     os.environ.setdefault(ENGINE_CORE_GRACE_ENV, str(ENGINE_CORE_GRACE_S))
+
+
+_client_shutting_down = threading.Event()
+ASYNC_LLM_LOGGER = "vllm.v1.engine.async_llm"  # vLLM's logger names are its module names
+
+
+def quiet_engine_dead_at_shutdown() -> None:
+    """The server's own shutdown, not an engine failure, must not log one.
+
+    On SIGINT/SIGTERM ``vllm serve`` shuts its engine client down (``MPClient.shutdown``), which
+    cancels the task reading the engine core's outputs; that task reports the cancellation as an
+    ``EngineDeadError`` to ``AsyncLLM``'s output handler, which logs "AsyncLLM output_handler
+    failed." with its traceback on every clean exit. Marks the client's shutdown and drops exactly
+    that record after it; an engine that dies while the client is serving is still logged.
+    Idempotent; in vLLM's front end (where the platform checks the config)."""
+    import logging
+
+    from vllm.v1.engine.core_client import MPClient
+
+    original = MPClient.shutdown
+    if getattr(original, "tt_marks_shutdown", False):
+        return
+
+    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _client_shutting_down.set()
+        return original(self, *args, **kwargs)
+
+    shutdown.tt_marks_shutdown = True
+    MPClient.shutdown = shutdown
+    logging.getLogger(ASYNC_LLM_LOGGER).addFilter(_not_engine_dead_at_shutdown)
+
+
+def _not_engine_dead_at_shutdown(record: Any) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_client_shutting_down.is_set() and isinstance(error, EngineDeadError))
 
 
 _freeze_registered = False

@@ -22,6 +22,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from models.vllm_plugin.architectures import MODEL_CAPABILITIES
+from models.vllm_plugin.engine_exit import quiet_engine_dead_at_shutdown
 from models.vllm_plugin.request_fields import ENGINE_INPUT_KEYS, REFUSED, SAMPLING_PARAMS
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class TTHostPlatform(Platform):
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
         refuse_before_vllm_checks()
+        quiet_engine_dead_at_shutdown()
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
