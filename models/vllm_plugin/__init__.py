@@ -36,9 +36,10 @@ def register() -> str | None:
 
     if torch.cuda.is_available():
         return None
-    from models.vllm_plugin.engine_exit import freeze_heap_at_exit
+    from models.vllm_plugin.engine_exit import freeze_heap_at_exit, grant_engine_core_grace
 
     freeze_heap_at_exit()  # a script's exit need not scan vLLM's whole heap for cycles once more
+    grant_engine_core_grace()  # a server's SIGINT/SIGTERM: the engine core exits, it is not SIGKILLed
     return PLATFORM_CLS
 
 

@@ -22,6 +22,10 @@ of cyclic garbage are not guaranteed at exit anyway), so the front end freezes t
 hook, as vLLM's engine core does on ROCm. Not where ttnn is loaded (an engine in the script's own
 process): its bindings report every object left uncollected as a leak. ``TT_VLLM_FREEZE_AT_EXIT=0``
 turns it off.
+
+**The server's engine core.** ``vllm serve`` ends its engine core with no grace at all by default
+(:func:`grant_engine_core_grace`), and logs its own orderly shutdown as a dead engine
+(:func:`quiet_engine_dead_at_shutdown`).
 """
 
 from __future__ import annotations
@@ -109,6 +113,60 @@ def install_signal_forwarding() -> SignalForwarder | None:
     threading.Thread(target=forwarder.run, name="tt-signal-forward", daemon=True).start()
     logger.debug("engine core: SIGTERM/SIGINT taken by another thread are forwarded to the main thread")
     return forwarder
+
+
+# vLLM's own variable: how long its process manager lets an engine core exit after SIGTERM.
+ENGINE_CORE_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+# An upper bound, not a wait: the manager stops waiting when the process has exited. Here (2 loaded
+# cores) a served engine core took 6 s from SIGTERM to its exit (its final teardown with ttnn
+# loaded), past vLLM's generic 5 s.
+ENGINE_CORE_GRACE_S = 30
+
+
+def grant_engine_core_grace() -> None:
+    """``vllm serve`` by default (``--shutdown-timeout 0``: abort requests) gives its engine core
+    no time at all: SIGTERM, then at once SIGKILL (``get_engine_process_shutdown_timeout`` returns
+    0), and the front end logs the dead engine's ``EngineDeadError`` traceback on its way out.
+    Requests are still aborted at once; only the process gets vLLM's usual window, through vLLM's
+    own variable, unless the user set it."""
+    os.environ.setdefault(ENGINE_CORE_GRACE_ENV, str(ENGINE_CORE_GRACE_S))
+
+
+_client_shutting_down = threading.Event()
+ASYNC_LLM_LOGGER = "vllm.v1.engine.async_llm"  # vLLM's logger names are its module names
+
+
+def quiet_engine_dead_at_shutdown() -> None:
+    """The server's own shutdown, not an engine failure, must not log one.
+
+    On SIGINT/SIGTERM ``vllm serve`` shuts its engine client down (``MPClient.shutdown``), which
+    cancels the task reading the engine core's outputs; that task reports the cancellation as an
+    ``EngineDeadError`` to ``AsyncLLM``'s output handler, which logs "AsyncLLM output_handler
+    failed." with its traceback on every clean exit. Marks the client's shutdown and drops exactly
+    that record after it; an engine that dies while the client is serving is still logged.
+    Idempotent; in vLLM's front end (where the platform checks the config)."""
+    import logging
+
+    from vllm.v1.engine.core_client import MPClient
+
+    original = MPClient.shutdown
+    if getattr(original, "tt_marks_shutdown", False):
+        return
+
+    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _client_shutting_down.set()
+        return original(self, *args, **kwargs)
+
+    shutdown.tt_marks_shutdown = True
+    MPClient.shutdown = shutdown
+    logging.getLogger(ASYNC_LLM_LOGGER).addFilter(_not_engine_dead_at_shutdown)
+
+
+def _not_engine_dead_at_shutdown(record: Any) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_client_shutting_down.is_set() and isinstance(error, EngineDeadError))
 
 
 _freeze_registered = False

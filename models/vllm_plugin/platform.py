@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 from loguru import logger
+from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from models.vllm_plugin.architectures import MODEL_CAPABILITIES
+from models.vllm_plugin.engine_exit import quiet_engine_dead_at_shutdown
 from models.vllm_plugin.request_fields import ENGINE_INPUT_KEYS, REFUSED, SAMPLING_PARAMS
 
 if TYPE_CHECKING:
@@ -107,6 +109,8 @@ class TTHostPlatform(Platform):
         compilation.mode = CompilationMode.NONE
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
+        refuse_before_vllm_checks()
+        quiet_engine_dead_at_shutdown()
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
@@ -114,7 +118,40 @@ class TTHostPlatform(Platform):
         asked = unsupported_input(processed_inputs)
         asked += unsupported_options(params, cls.tokenizer_present) if hasattr(params, "temperature") else ["pooling"]
         if asked:
-            raise ValueError(f"the TT host platform does not support {', '.join(asked)}")
+            raise RefusedRequest(asked)
+
+
+class RefusedRequest(VLLMValidationError, ValueError):
+    """A request that sets what the host runner does not serve, naming the fields: vLLM's OpenAI
+    server answers it with HTTP 400 and the first field as ``param``; offline it is a ValueError."""
+
+    def __init__(self, asked: list[str]) -> None:
+        super().__init__(f"the TT host platform does not support {', '.join(asked)}", parameter=asked[0])
+
+
+def refuse_before_vllm_checks() -> None:
+    """Run the platform's refusal of sampling fields before vLLM's own ``SamplingParams.verify``.
+
+    vLLM validates the params (``InputProcessor._validate_params``) before it asks the platform,
+    and for structured outputs with a tokenizer that validation compiles the grammar with its
+    backends; here that raised an exception with no message, which the OpenAI server turned into
+    HTTP 500 with an empty message (``response_format: json_object``). Refused first, every field
+    the platform refuses is a 400 naming it, the same in the server as offline. Idempotent."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    original = InputProcessor._validate_params
+    if getattr(original, "tt_refuses_first", False):
+        return
+
+    def _validate_params(self, params: Any, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(params, "temperature"):
+            asked = unsupported_options(params, TTHostPlatform.tokenizer_present)
+            if asked:
+                raise RefusedRequest(asked)
+        return original(self, params, *args, **kwargs)
+
+    _validate_params.tt_refuses_first = True
+    InputProcessor._validate_params = _validate_params
 
 
 def unsupported_features(config: VllmConfig) -> list[str]:
