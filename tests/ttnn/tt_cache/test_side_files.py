@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from models.common.weight_cache.layout import CacheRoot
 from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import cli_env, json_out, tt_cache
 
@@ -46,16 +47,18 @@ def _tag(root: Path) -> str:
 
 
 # Where each side file is, in a copied cache root.
-SIDE_FILES: dict[str, Callable[[Path], Path]] = {
-    "marker": lambda root: _only(list(root.rglob(".weights_complete.*"))),
-    "generation record": lambda root: _only(list(_cache_dir(root).glob("g*/.generation"))),
-    "stamp index": lambda root: _cache_dir(root) / f".stamps.{_tag(root)}.json",
-    "checkpoint stamps": lambda root: root / ".stamps" / "checkpoints" / "tiny-llama.json",
-    "model ids": lambda root: _cache_dir(root) / f".model_ids.{_tag(root)}.json",
-    "last used": lambda root: _cache_dir(root) / f".last_used.{_tag(root)}",
-    "reader lease": lambda root: _only(list(_cache_dir(root).glob("g*/.readers"))),
+SIDE_FILES: dict[str, Callable[[Path, Path], Path]] = {
+    "marker": lambda root, _: _only(list(root.rglob(".weights_complete.*"))),
+    "generation record": lambda root, _: _only(list(_cache_dir(root).glob("g*/.generation"))),
+    "stamp index": lambda root, _: _cache_dir(root) / f".stamps.{_tag(root)}.json",
+    "checkpoint stamps": lambda root, checkpoint: CacheRoot(root).checkpoint_stamps("tiny-llama", checkpoint),
+    # another location's (or an older format's) index of the name: read when the own one misses
+    "shared checkpoint stamps": lambda root, _: root / ".stamps" / "checkpoints" / "tiny-llama.json",
+    "model ids": lambda root, _: _cache_dir(root) / f".model_ids.{_tag(root)}.json",
+    "last used": lambda root, _: _cache_dir(root) / f".last_used.{_tag(root)}",
+    "reader lease": lambda root, _: _only(list(_cache_dir(root).glob("g*/.readers"))),
 }
-JSON_FILES = ["marker", "generation record", "stamp index", "checkpoint stamps", "model ids"]
+JSON_FILES = ["marker", "generation record", "stamp index", "checkpoint stamps", "shared checkpoint stamps", "model ids"]
 STAND_IN = b'{"format": 1, "entries": {"model.safetensors": [[1, 2, 3, 4, 5, "ab"]]}, "created_ns": 1, "pid": 1}'
 
 
@@ -84,7 +87,7 @@ def _tampered_root(built: tuple[Path, Path], tmp_path: Path, name: str, kind: st
     one side file tampered with: (root, the tampered file)."""
     root = tmp_path / "root"
     shutil.copytree(built[1], root, symlinks=True)
-    target = SIDE_FILES[name](root)
+    target = SIDE_FILES[name](root, built[0])
     target.parent.mkdir(parents=True, exist_ok=True)
     TAMPERINGS[kind](target)
     return root, target
@@ -118,7 +121,8 @@ def test_a_tampered_side_file_never_hangs_or_raises_in_the_tools(built, tmp_path
 
 
 BUILD_CASES = [("generation record", "1e999"), ("generation record", "fifo"), ("checkpoint stamps", "deep"),
-               ("checkpoint stamps", "fifo"), ("stamp index", "deep"), ("reader lease", "fifo")]
+               ("checkpoint stamps", "fifo"), ("shared checkpoint stamps", "fifo"), ("stamp index", "deep"),
+               ("reader lease", "fifo")]
 
 
 @pytest.mark.parametrize("name, kind", BUILD_CASES, ids=[f"{name}-{kind}" for name, kind in BUILD_CASES])
