@@ -41,6 +41,14 @@ def _workers(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children() if "models.seeding.worker" in p.cmdline()]
 
 
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds ``path`` open (its /proc fd table)."""
+    try:
+        return any(Path(fd).resolve() == path for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # the process ended, or one fd closed while being read
+        return False
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signum):
     name, llama = signum.name, plan["llama"]
@@ -100,11 +108,15 @@ def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signu
 
 
 def test_a_run_interrupted_while_opening_its_plan_reports_every_combination(plan, tmp_path):
-    """The signal comes while the plan's variants are being opened (the first model's config.json is
-    a FIFO nobody writes: the run blocks reading it): every combination of the plan is still a case."""
+    """The signal comes while the plan's variants are being opened (the first model's weights are a
+    sparse 4 GiB file: its content id takes the run a minute of hashing): every combination of the
+    plan is still a case."""
     model = tmp_path / "blocked"
     model.mkdir()
-    os.mkfifo(model / "config.json")
+    (model / "config.json").write_bytes((plan["llama"] / "config.json").read_bytes())
+    weights = model / "model.safetensors"
+    with open(weights, "wb") as stream:
+        stream.truncate(4 << 30)
     path = tmp_path / "plan.yaml"
     path.write_text(json.dumps({"models": [
         {"model": str(model), "meshes": ["N150", "N300"], "precisions": ["bfloat16"]},
@@ -115,11 +127,11 @@ def test_a_run_interrupted_while_opening_its_plan_reports_every_combination(plan
                               "--junit", str(junit), "--report", str(report)],
                              cwd=REPO_ROOT, env=cli_env(plan["root"] / "cache"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    wchan, deadline = Path(f"/proc/{check.pid}/wchan"), time.monotonic() + 120
-    while wchan.read_text() not in ("wait_for_partner", "fifo_open") and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while not _has_open(check.pid, weights) and time.monotonic() < deadline:
         assert check.poll() is None, check.communicate()
         time.sleep(0.05)
-    assert wchan.read_text() in ("wait_for_partner", "fifo_open"), "the check never blocked on the FIFO"
+    assert _has_open(check.pid, weights), "the check never started hashing the weights"
     check.send_signal(signal.SIGTERM)
     _, err = check.communicate(timeout=60)
     assert check.returncode == 130 and "Traceback" not in err, err[-3000:]
