@@ -212,6 +212,41 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview, *, durable: bool = 
             os.close(fd)
 
 
+def create_whole(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data``, appearing whole or not at all, with no temp name left by
+    a kill: written into an unnamed ``O_TMPFILE`` and linked in (``FileExistsError`` if ``path``
+    exists). Where the file system has no ``O_TMPFILE``, a temp file hard-linked in (a kill may then
+    leave a stray temp, as :func:`atomic_write_bytes` does)."""
+    path = Path(path)
+    try:
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    except (AttributeError, OSError) as error:
+        if isinstance(error, OSError) and error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        temp = unique_temp_path(path)
+        with writing_into(path.parent):
+            try:
+                temp.write_bytes(data)
+                fsync_file(temp)
+                os.link(temp, path)  # refuses an existing path
+            finally:
+                with contextlib.suppress(OSError):
+                    temp.unlink()
+        fsync_dir(path.parent)
+        return
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # a dir fd makes Python call linkat(AT_SYMLINK_FOLLOW): the open file, not the /proc link
+            os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=parent, follow_symlinks=True)
+            os.fsync(parent)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(fd)
+
+
 def open_lock_file(lock_path: Path, *, create: bool = True) -> int:
     """Open a lock file for ``flock``: read-write where possible, because NFSv4 grants an exclusive
     lock only on a descriptor open for writing (and refuses it on a read-only one with EBADF);

@@ -28,13 +28,12 @@ from models.common.weight_cache.generations import (
     lease_held,
     named_generations,
     owned_generations,
-    read_record,
+    recorded_tags,
     retire_unnamed,
     retired_debris,
 )
 from models.common.weight_cache.layout import (
     VariantPaths,
-    is_generation_name,
     is_marker_name,
     iter_variant_dirs,
     tree_usage,
@@ -101,19 +100,6 @@ def _temps(cache_dir: Path) -> list[Path]:
     return sorted(temps)
 
 
-def _generation_tags(cache_dir: Path) -> set[str]:
-    """Variant tags of every generation or renamed-aside generation with this project's record."""
-    tags = set()
-    try:
-        names = os.listdir(cache_dir)
-    except OSError:
-        return tags
-    for name in names:
-        if is_generation_name(name) and (record := read_record(cache_dir / name)) is not None:
-            tags.add(record.variant)
-    return tags
-
-
 def _file_size(path: Path) -> int:
     try:
         return path.lstat().st_size
@@ -131,14 +117,15 @@ def _builds(cache_dir: Path, tag: str) -> tuple[list[Removal], list[Path]]:
             builds.append(Removal(cache_dir / name, "leftover build", *tree_usage(cache_dir / name)))
             if lease_held(paths, name):
                 leased.append(cache_dir / name)
-    builds += [Removal(path, "retired build", *tree_usage(path)) for path in retired_debris(paths)]
+    builds += [Removal(path, "retired build", *(tree_usage(path) if path.is_dir() else (1, _file_size(path))))
+               for path in retired_debris(paths)]
     return builds, leased
 
 
 def _clean_dir(cache_dir: Path, report: CleanReport, invalidate: bool) -> None:
     """Find what may go (one list for a dry run and a real one), then remove it. A temp file inside
     a build that goes is counted with the build, once."""
-    builds = {tag: _builds(cache_dir, tag) for tag in sorted(_generation_tags(cache_dir))}
+    builds = {tag: _builds(cache_dir, tag) for tag in sorted(recorded_tags(cache_dir))}
     doomed = [b.path for removals, leased in builds.values() for b in removals if b.path not in leased]
     files = []
     for temp in _temps(cache_dir):

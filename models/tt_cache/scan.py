@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common.weight_cache.gate import marker_status
-from models.common.weight_cache.generations import named_generations, read_record
+from models.common.weight_cache.generations import interrupted_work, named_generations, read_record, recorded_tags
 from models.common.weight_cache.layout import VariantPaths, is_generation_name, iter_variant_dirs, tree_bytes
 from models.common.weight_cache.marker import WeightCacheMarker, iter_markers
 from models.common.weight_cache.usage import last_used
@@ -166,4 +166,9 @@ def scan_leftovers(root: Path) -> list[LeftoverBuild]:
             if name not in named:
                 leftovers.append(LeftoverBuild(cache_dir, name, record.variant, tree_bytes(cache_dir / name),
                                                record.created_ns, record.host, record.pid))
+        for tag in sorted(recorded_tags(cache_dir)):  # killed makings and retirements
+            for path, record in interrupted_work(VariantPaths(cache_dir, tag=tag)):
+                size = tree_bytes(path) if path.is_dir() and not path.is_symlink() else 0
+                leftovers.append(LeftoverBuild(cache_dir, path.name, tag, size, record.created_ns, record.host,
+                                               record.pid))
     return leftovers

@@ -12,11 +12,17 @@ in one place:
   exclusive locks only so), read-only where it is another user's (a local file system locks it
   all the same), and where neither locks, a per-user lock stands in (say so: two users may then
   build at once, each into its own generation, which is safe but wasteful).
-* **Ownership record** ``<generation>/.generation``: written when the generation is made, before
-  any file: the variant tag, the build id, host and pid. A directory is a generation of a variant
-  only if it is a real directory (no symlink) named like one and holds a record that names it and
-  the variant. Everything else in a cache dir, a user's folder or another model's cache, is never
-  touched.
+* **Ownership record** ``<generation>/.generation``: the variant tag, the build id, host and pid.
+  A directory is a generation of a variant only if it is a real directory (no symlink) named like
+  one and holds a record that names it and the variant. Everything else in a cache dir, a user's
+  folder or another model's cache, is never touched.
+* **The proof outlives every file.** A generation is made with its record in one step: the record
+  is written beside it first (``.generation.<name>``), then the directory and its lease, then the
+  record is renamed into it. A deletion runs the other way: every file but the record, then the
+  record out beside it, the empty directory, the record last. So a kill at any point leaves either
+  a generation with its record or a record beside what it names; the next holder of the build lock
+  (a build, ``gc``, ``clean``) finishes the work, and ``ls`` counts it until then. A record beside
+  is left alone while its writer lives (same host: its pid; another host: 10 minutes).
 * **Leases** ``<generation>/.readers``: a reader holds a shared ``flock`` on it while it opens the
   generation's files (``ttnn.load_tensor`` maps them; a mapping outlives the unlink), and the
   builder holds one for as long as it writes. Nobody waits for it: a refused lease means the
@@ -24,8 +30,8 @@ in one place:
 * **Retirement**, by whoever holds the build lock (a build after publishing, ``gc``, ``clean``,
   and a warm start that finds the lock free): a generation of this variant that no marker names and
   whose lease can be taken exclusively is renamed aside (atomically, out of every reader's path)
-  and then deleted; one still leased is left for the next holder. A build that fails removes its
-  own generation at once; a killed one leaves it to the next holder.
+  and then deleted, its record last; one still leased is left for the next holder. A build that
+  fails removes its own generation at once; a killed one leaves it to the next holder.
 """
 
 from __future__ import annotations
@@ -46,10 +52,11 @@ from pathlib import Path
 
 from loguru import logger
 
-from models.common.fileio import atomic_write_bytes, open_lock_file, try_flock
+from models.common.fileio import atomic_write_bytes, create_whole, fsync_dir, open_lock_file, try_flock
 from models.common.weight_cache.layout import (
     GENERATION_PREFIX,
     GENERATION_RECORD,
+    PENDING_RECORD_PREFIX,
     READERS_LEASE,
     RETIRED_PREFIX,
     VariantPaths,
@@ -61,6 +68,7 @@ from models.common.weight_cache.marker import named_generation
 from models.common.weight_cache.side_files import bounded_int, read_json_record
 
 MAX_RECORD_BYTES = 4096
+OTHER_HOST_WRITER_S = 600  # a record beside a generation, written on another host: in use this long
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +99,10 @@ _MAX_PID = (1 << 31) - 1
 def _parse_record(directory: Path) -> GenerationRecord | None:
     """The regular-file record inside ``directory`` (never through a symlink, never a FIFO),
     parsed and range-checked; anything else is no record (with a warning, by the reader)."""
-    path = directory / GENERATION_RECORD
+    return _parse_record_file(directory / GENERATION_RECORD)
+
+
+def _parse_record_file(path: Path) -> GenerationRecord | None:
     body = read_json_record(path, MAX_RECORD_BYTES, follow_symlinks=False)
     if body is None:
         return None
@@ -157,13 +168,28 @@ class Generation:
         self.build = secrets.token_hex(3)
         self.name = f"{GENERATION_PREFIX}{time.time_ns():x}-{self.build}"
         self.path = paths.generation_dir(self.name)
-        self.path.mkdir(parents=True)
-        lease = self.path / READERS_LEASE
-        self._lease_fd: int | None = os.open(lease, os.O_RDWR | os.O_CREAT, 0o644)
-        with contextlib.suppress(OSError):  # a file system without flock: nothing can retire it either
-            fcntl.flock(self._lease_fd, fcntl.LOCK_SH)
         record = GenerationRecord(self.name, paths.tag, self.build, time.time_ns(), socket.gethostname(), os.getpid())
-        atomic_write_bytes(self.path / GENERATION_RECORD, record.as_json())
+        pending = paths.pending_record(self.name)
+        paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        create_whole(pending, record.as_json())  # the proof first, beside what it names
+        self._lease_fd: int | None = None
+        made = False
+        try:
+            self.path.mkdir()
+            made = True
+            self._lease_fd = os.open(self.path / READERS_LEASE, os.O_RDWR | os.O_CREAT, 0o644)
+            with contextlib.suppress(OSError):  # a file system without flock: nothing can retire it either
+                fcntl.flock(self._lease_fd, fcntl.LOCK_SH)
+            os.rename(pending, self.path / GENERATION_RECORD)  # one step: from here it is a generation
+            fsync_dir(self.path)
+        except BaseException:
+            self.release()
+            if made:
+                _delete_owned(paths, self.path)
+            else:
+                with contextlib.suppress(OSError):
+                    pending.unlink()
+            raise
 
     def release(self) -> None:
         if self._lease_fd is not None:
@@ -341,32 +367,133 @@ def retire(paths: VariantPaths, name: str) -> int | None:
         if fd is not None:
             os.close(fd)
     freed = tree_bytes(aside)
-    _delete_tree(aside)
+    _delete_owned(paths, aside)
     logger.info(f"Retired build generation {name} of {paths.cache_dir}")
     return freed
 
 
 def retired_debris(paths: VariantPaths) -> list[Path]:
-    """Renamed-aside generations of this variant a killed retirement left (real dirs whose record
-    names this variant and the generation they were renamed from)."""
-    debris = []
+    """What killed makings and retirements of this variant left (see :func:`interrupted_work`)."""
+    return [path for path, _ in interrupted_work(paths)]
+
+
+def interrupted_work(paths: VariantPaths) -> list[tuple[Path, GenerationRecord]]:
+    """What killed makings and retirements of this variant left, with the record that proves it
+    ours: renamed-aside generations (their record inside names the generation they were), and
+    whatever a record beside names (the directory, or the record alone when the directory is
+    gone). Never one whose writer lives."""
+    found: dict[Path, GenerationRecord] = {}
     with contextlib.suppress(OSError), os.scandir(paths.cache_dir) as entries:
         for entry in entries:
-            if not entry.name.startswith(RETIRED_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            if entry.name.startswith(PENDING_RECORD_PREFIX):
+                if (pending := _pending_target(paths, Path(entry.path))) is not None:
+                    target, record = pending
+                    found[target if os.path.lexists(target) else Path(entry.path)] = record
+            elif entry.name.startswith(RETIRED_PREFIX) and entry.is_dir(follow_symlinks=False):
+                record = _parse_record(Path(entry.path))
+                if record is not None and record.variant == paths.tag and _retired_from(entry.name, record.name):
+                    found[Path(entry.path)] = record
+    return sorted(found.items())
+
+
+def recorded_tags(cache_dir: Path) -> set[str]:
+    """Variant tags of every record in ``cache_dir``: its generations', renamed-aside generations'
+    and the records beside them."""
+    tags = set()
+    with contextlib.suppress(OSError), os.scandir(cache_dir) as entries:
+        for entry in entries:
+            path = Path(entry.path)
+            if is_generation_name(entry.name):
+                record = read_record(path)
+            elif entry.name.startswith(RETIRED_PREFIX) and entry.is_dir(follow_symlinks=False):
+                record = _parse_record(path)
+            elif entry.name.startswith(PENDING_RECORD_PREFIX) and entry.is_file(follow_symlinks=False):
+                record = _parse_record_file(path)
+            else:
                 continue
-            record = _parse_record(Path(entry.path))
-            if record is not None and record.variant == paths.tag and entry.name.startswith(RETIRED_PREFIX + record.name):
-                debris.append(Path(entry.path))
-    return sorted(debris)
+            if record is not None:
+                tags.add(record.variant)
+    return tags
+
+
+def _retired_from(directory: str, generation: str) -> bool:
+    return directory.startswith(f"{RETIRED_PREFIX}{generation}-")
+
+
+def _pending_target(paths: VariantPaths, pending: Path) -> tuple[Path, GenerationRecord] | None:
+    """The directory a record beside names, if the record is this variant's, names it (the
+    generation itself, or one renamed aside from it) and its writer is gone."""
+    try:
+        if not stat.S_ISREG(os.lstat(pending).st_mode):
+            return None
+        mtime = os.lstat(pending).st_mtime
+    except OSError:
+        return None
+    record = _parse_record_file(pending)
+    directory = pending.name[len(PENDING_RECORD_PREFIX):]
+    if record is None or record.variant != paths.tag:
+        return None
+    if directory != record.name and not _retired_from(directory, record.name):
+        return None
+    if _writer_alive(record, mtime):
+        return None
+    return paths.cache_dir / directory, record
+
+
+def _writer_alive(record: GenerationRecord, mtime: float) -> bool:
+    """Whether the process that wrote ``record`` may still be making or deleting its directory."""
+    if record.host != socket.gethostname():
+        return time.time() - mtime < OTHER_HOST_WRITER_S
+    if record.pid <= 0 or record.pid == os.getpid():
+        return False  # no process, or this one: not inside a making or a deletion while it asks
+    try:
+        os.kill(record.pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, another user's
+    return True
 
 
 def _remove_retired_debris(paths: VariantPaths) -> int:
-    """Delete renamed-aside generations of this variant left by a killed retirement."""
+    """Finish what killed makings and retirements of this variant left."""
     freed = 0
-    for directory in retired_debris(paths):
-        freed += tree_bytes(directory)
-        _delete_tree(directory)
+    for path in retired_debris(paths):
+        freed += tree_bytes(path) if _is_real_dir(path) else 0
+        if _is_real_dir(path):
+            _delete_owned(paths, path)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()  # a record beside a directory already gone
     return freed
+
+
+def _delete_owned(paths: VariantPaths, directory: Path) -> bool:
+    """Delete a directory this variant owns, its proof last: every entry but the record, then the
+    record out beside it, the empty directory, the record. Never follows a symlink (Python's
+    ``rmtree`` walks by file descriptors; a symlinked ``directory`` is refused). False, with a
+    warning, when something stays (the record beside it then stays too, for the next holder)."""
+    pending = paths.pending_record(directory.name)
+    if _is_real_dir(directory):
+        try:
+            with os.scandir(directory) as entries:
+                for entry in list(entries):
+                    if entry.name == GENERATION_RECORD:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+            with contextlib.suppress(FileNotFoundError):  # a killed making: its record is beside it already
+                os.rename(directory / GENERATION_RECORD, pending)
+            os.rmdir(directory)
+        except OSError as error:
+            logger.warning(f"Could not delete all of {directory} ({error.strerror or error}); "
+                           f"the next build, 'tt-cache gc' or 'tt-cache clean' tries again")
+            return False
+    with contextlib.suppress(FileNotFoundError):
+        pending.unlink()
+    return True
 
 
 def lease_held(paths: VariantPaths, name: str) -> bool:
@@ -384,13 +511,6 @@ def lease_held(paths: VariantPaths, name: str) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def _delete_tree(path: Path) -> None:
-    """``rmtree`` of a directory this module owns; it never follows a symlink (Python walks by
-    file descriptors here) and refuses a path that is itself a symlink."""
-    if _is_real_dir(path):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def adopt_generation(paths: VariantPaths, name: str) -> bool:

@@ -17,6 +17,8 @@ A cache root (``$TT_CACHE_PATH``)::
                     layers.0/...tensorbin, ...
                     .host_weights[.<tag>].safetensors
                 .retired-g<time>-<token>-<x>/       a generation being deleted
+                .generation.<g... or .retired-...>  the record of a generation being made or deleted,
+                                                    kept beside it while its own may be missing
         .stamps/checkpoints/<name>--<key>.json      checkpoint digests, stamped, per checkpoint location
         prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
@@ -54,6 +56,7 @@ MODEL_IDS_PREFIX = ".model_ids"
 BUILD_LOCK = ".build.lock"
 GENERATION_PREFIX = "g"
 GENERATION_RECORD = ".generation"
+PENDING_RECORD_PREFIX = f"{GENERATION_RECORD}."
 READERS_LEASE = ".readers"
 RETIRED_PREFIX = ".retired-"
 CHECKPOINT_STAMPS = PurePosixPath(".stamps", "checkpoints")
@@ -211,6 +214,11 @@ class VariantPaths:
 
     def generation_dir(self, name: str) -> Path:
         return self.cache_dir / name
+
+    def pending_record(self, directory: str) -> Path:
+        """The ownership record of ``directory`` (a generation or a retired one) while it is being
+        made or deleted: beside it, so the proof outlives every file of it."""
+        return self.cache_dir / f"{PENDING_RECORD_PREFIX}{directory}"
 
     def file(self, relative: str) -> Path:
         return self.cache_dir / relative

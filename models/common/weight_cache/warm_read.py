@@ -34,7 +34,13 @@ from loguru import logger
 
 from models.common.mesh import MeshShape
 from models.common.weight_cache.gate import CacheStatus
-from models.common.weight_cache.generations import build_lock, owned_generations, reader_lease, retire_unnamed
+from models.common.weight_cache.generations import (
+    build_lock,
+    owned_generations,
+    reader_lease,
+    retire_unnamed,
+    retired_debris,
+)
 from models.common.weight_cache.host_sidecar import forget_host_sidecar, read_host_sidecar
 from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.marker import WeightCacheMarker, build_relative
@@ -138,7 +144,7 @@ class WarmRead:
         """Older generations still here (a reader held them when they were replaced): retire them
         now if no builder holds the lock. One ``scandir`` when there are none."""
         current = self.marker.generation
-        if not [name for name in owned_generations(self.paths) if name != current]:
+        if not [name for name in owned_generations(self.paths) if name != current] and not retired_debris(self.paths):
             return
         try:
             with build_lock(self.paths, blocking=False) as lock:
