@@ -40,6 +40,7 @@ def report_of(proc: subprocess.Popen, timeout: float = 600) -> dict:
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
+@pytest.mark.slow  # a Ray cluster and five variants: 30-48 s; the killed-worker case keeps Ray in the default suite
 def test_ray_seed_of_several_variants_matches_single_process_seeds_and_a_failed_one_stays_cold(tmp_path):
     llama = make_checkpoint("llama", tmp_path / "llama")
     gemma = make_checkpoint("gemma3", tmp_path / "gemma")
