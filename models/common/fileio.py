@@ -101,6 +101,12 @@ def temp_writer_alive(path: Path) -> bool:
         fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return True
+    return held_by_others(fd)
+
+
+def held_by_others(fd: int) -> bool:
+    """Whether anyone else holds a ``flock`` (shared or exclusive) on ``fd``'s file: an exclusive
+    probe, released at once (``fd`` is closed). Where ``flock`` fails it cannot be told: held."""
     try:
         return not try_flock(fd, exclusive=True)
     except OSError:

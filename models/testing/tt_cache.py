@@ -38,3 +38,13 @@ def error_line(result: subprocess.CompletedProcess, command: str) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith(f"tt-cache {command}: ")]
     assert len(lines) == 1, f"expected one error line, got {lines}; stderr:\n{result.stderr[-3000:]}"
     return lines[0]
+
+
+def built_tiny_llama(base: Path) -> tuple[Path, Path]:
+    """(checkpoint, cache root) of a tiny llama under ``base`` whose cache ``tt-cache build`` made."""
+    from models.testing.tiny_models import make_checkpoint
+
+    checkpoint = make_checkpoint("llama", base / "tiny-llama")
+    out = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(base / "cache"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return checkpoint, base / "cache"

@@ -52,7 +52,14 @@ from pathlib import Path
 
 from loguru import logger
 
-from models.common.fileio import atomic_write_bytes, create_whole, fsync_dir, open_lock_file, try_flock
+from models.common.fileio import (
+    atomic_write_bytes,
+    create_whole,
+    fsync_dir,
+    held_by_others,
+    open_lock_file,
+    try_flock,
+)
 from models.common.weight_cache.layout import (
     GENERATION_PREFIX,
     GENERATION_RECORD,
@@ -505,12 +512,7 @@ def lease_held(paths: VariantPaths, name: str) -> bool:
         return False
     except OSError:
         return True  # retire could not take it either
-    try:
-        return not try_flock(fd, exclusive=True)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    return held_by_others(fd)
 
 
 def adopt_generation(paths: VariantPaths, name: str) -> bool:

@@ -4,16 +4,12 @@ written, and what a real seed writes may exceed it (a multi-device tensorbin's l
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
-import select
-import struct
-import termios
 
 import pytest
 
 from models.seeding.progress import ProgressTracker
+from models.testing.terminal import terminal_output
 
 MiB = 1 << 20
 
@@ -35,25 +31,6 @@ def test_a_line_never_reads_more_done_than_its_total(tmp_path):
                         r"last norm", line), line
 
 
-def _terminal_output(write) -> str:
-    controller, terminal = os.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    with open(terminal, "w", closefd=True) as tty:
-        write(tty)
-        tty.flush()
-    shown = b""
-    while select.select([controller], [], [], 0.5)[0]:
-        try:
-            chunk = os.read(controller, 1 << 16)
-        except OSError:  # EIO: the terminal side is closed and drained
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(controller)
-    return shown.decode(errors="replace")
-
-
 def test_a_bar_never_reads_past_100_percent(tmp_path):
     def write(tty):
         bar = ProgressTracker("tiny [N150 bfloat16]", stream=tty)
@@ -62,7 +39,7 @@ def test_a_bar_never_reads_past_100_percent(tmp_path):
         bar.weight_done("b", 2 * MiB)  # 5 MiB of an estimated 4
         bar.close()
 
-    shown = _terminal_output(write)
+    shown = terminal_output(write)
     percents = [int(p) for p in re.findall(r"(\d+)%\|", shown)]
     assert percents and max(percents) == 100, shown
     counts = re.findall(r"(\d+(?:\.\d+)?)M/(\d+(?:\.\d+)?)M", shown)

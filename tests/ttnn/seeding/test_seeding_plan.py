@@ -4,17 +4,13 @@ processes, a real read-only bind mount, a real truncated file and a real hung se
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -24,6 +20,7 @@ import pytest
 
 from models.seeding.plan import Combination, PlanError, parse_plan
 from models.testing.llama_shaped import make_llama_shaped
+from models.testing.terminal import terminal_output
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 
@@ -177,27 +174,15 @@ def test_plan_parsing_expands_every_combination():
 def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal_and_log_lines_elsewhere(tmp_path):
     from models.seeding.progress import ProgressTracker
 
-    controller, terminal = os.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
-    with open(terminal, "w", closefd=True) as tty:
+    def write(tty) -> None:
         bar = ProgressTracker("tiny [N150 bfloat16]", stream=tty)
         bar.start(4, 4 << 20)
         for index in range(3):
             time.sleep(0.05)
             bar.weight_done(f"layers.{index}.wq", 1 << 20)
         bar.close()
-        tty.flush()
-    shown = b""
-    while select.select([controller], [], [], 0.5)[0]:  # everything the terminal received
-        try:
-            chunk = os.read(controller, 1 << 16)
-        except OSError:  # EIO: the terminal side is closed and drained
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(controller)
-    shown = shown.decode(errors="replace")
+
+    shown = terminal_output(write)
     assert "tiny [N150 bfloat16]" in shown and "3.00M/4.00M" in shown and "3/4 weights" in shown
     assert re.search(r"\d+(\.\d+)?[kM]?B/s", shown) and re.search(r"<\d\d:\d\d", shown), shown  # rate and ETA
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from models.testing.tiny_models import make_checkpoint
-from models.testing.tt_cache import cli_env, json_out, tt_cache
+from models.testing.tt_cache import built_tiny_llama, cli_env, json_out, tt_cache
 
 FORCE = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
 
@@ -17,11 +16,7 @@ FORCE = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory) -> tuple[Path, Path]:
     """(checkpoint, cache root) of a tiny llama whose cache is warm."""
-    base = tmp_path_factory.mktemp("env-flags")
-    checkpoint = make_checkpoint("llama", base / "tiny-llama")
-    out = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(base / "cache"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    return checkpoint, base / "cache"
+    return built_tiny_llama(tmp_path_factory.mktemp("env-flags"))
 
 
 def _shown(value: str) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from models.common.weight_cache.layout import CacheRoot
-from models.testing.tiny_models import make_checkpoint
-from models.testing.tt_cache import cli_env, json_out, tt_cache
+from models.testing.tt_cache import built_tiny_llama, cli_env, json_out, tt_cache
 
 TIMEOUT = 30  # a FIFO opened for reading blocks forever: seconds, never minutes, tell the two apart
 
@@ -26,11 +25,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, Path]:
     """(checkpoint, cache root) of a tiny llama built once by ``tt-cache build``."""
-    base = tmp_path_factory.mktemp("side-files")
-    checkpoint = make_checkpoint("llama", base / "tiny-llama")
-    out = tt_cache("build", str(checkpoint), "--precision", "bfloat16", env=cli_env(base / "cache"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    return checkpoint, base / "cache"
+    return built_tiny_llama(tmp_path_factory.mktemp("side-files"))
 
 
 def _only(paths: list[Path]) -> Path:
