@@ -26,6 +26,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
 
 from models.vllm_plugin.architectures import tt_architecture
+from models.vllm_plugin.options import plugin_options
 from models.vllm_plugin.sampler import TokenLogprobs, prompt_logprobs, sample, scores, seeded_generator
 
 KV_DTYPE = torch.float32  # the host forward computes, and caches, in fp32
@@ -109,16 +110,16 @@ class TTHostModelRunner:
 
     def load_model(self) -> None:
         start = time.perf_counter()
-        extra = self.vllm_config.additional_config or {}
+        options = plugin_options(self.vllm_config.additional_config)
         self.model = self.model_class().initialize_vllm_model(
             self.model_config.hf_config,
             None,
             self.scheduler_config.max_num_seqs,
             max_seq_len=self.model_config.max_model_len,
-            n_layers=extra.get("n_layers"),
-            optimizations=extra.get("optimizations", "performance"),
-            precision=extra.get("precision"),
-            checkpoint=extra.get("checkpoint"),
+            n_layers=options["n_layers"],
+            optimizations=options["optimizations"],
+            precision=options["precision"],
+            checkpoint=options["checkpoint"],
         )
         self.timings["load_model"] = time.perf_counter() - start
 

@@ -23,6 +23,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 
 from models.vllm_plugin.architectures import MODEL_CAPABILITIES
 from models.vllm_plugin.engine_exit import quiet_engine_dead_at_shutdown
+from models.vllm_plugin.options import plugin_options
 from models.vllm_plugin.request_fields import ENGINE_INPUT_KEYS, REFUSED, SAMPLING_PARAMS
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class TTHostPlatform(Platform):
         unsupported = unsupported_features(vllm_config)
         if unsupported:
             raise ValueError(f"the TT host platform does not support {', '.join(unsupported)}")
+        plugin_options(vllm_config.additional_config)  # a bad option stops the start here, by name
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS

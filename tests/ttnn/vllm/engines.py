@@ -32,7 +32,8 @@ def vllm_engine(model: str | Path, *, precision: str = "bfloat16", max_num_seqs:
     from vllm import LLM
 
     llm = LLM(model=str(model), skip_tokenizer_init=not tokenizer, max_num_seqs=max_num_seqs,
-              max_model_len=max_model_len, additional_config={"precision": precision, **(additional_config or {})},
+              max_model_len=max_model_len,
+              additional_config={"tt": {"precision": precision}, **(additional_config or {})},
               **engine_args)
     try:
         yield llm
