@@ -3,8 +3,9 @@
 and under which model ids (what a cache-only load is found by).
 
 Every warm start counts, and every seed or check that finds the cache warm. The record is the
-mtime of ``.last_used.<tag>`` in the variant dir (one ``utime``); where the cache cannot be
-written (a read-only mount, another user's cache) it is a per-user file under
+mtime of ``.last_used.<tag>`` in the variant dir (one ``utime``), created writable by every user
+(its mtime is all it holds), so another user's warm start lands where the builder's ``gc`` reads
+it. Where even that cannot be written (a read-only mount) it is a per-user file under
 :data:`models.common.envs.TT_USER_STATE` instead, which the same user's ``gc`` reads too.
 
 A build records the model id it was built from; the same weights loaded warm under another model
@@ -29,9 +30,13 @@ MAX_MODEL_IDS = 64
 MAX_MODEL_IDS_BYTES = 1 << 20
 
 
-def _touch(path: Path, *, create_parents: bool = False) -> bool:
+def _touch(path: Path, *, create_parents: bool = False, shared: bool = False) -> bool:
+    """Set ``path``'s mtime to now, creating it if missing; ``shared``: created writable by every
+    user (0666, whatever the umask), so any user's warm start can ``utime`` it."""
     try:
         os.utime(path)
+        if shared:
+            _share(path)
         return True
     except FileNotFoundError:
         pass
@@ -40,15 +45,28 @@ def _touch(path: Path, *, create_parents: bool = False) -> bool:
     try:
         if create_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        try:
+            if shared:
+                os.fchmod(fd, 0o666)
+        finally:
+            os.close(fd)
         return True
     except OSError:
         return False
 
 
+def _share(path: Path) -> None:
+    """Make an own record made before records were shared writable by every user."""
+    with contextlib.suppress(OSError):
+        info = os.lstat(path)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o666:
+            os.chmod(path, 0o666)
+
+
 def touch_last_used(paths: VariantPaths) -> None:
     """Record a use now: in the cache where it can be written, else in the user's state."""
-    if not _touch(paths.last_used):
+    if not _touch(paths.last_used, shared=True):
         _touch(paths.user_last_used, create_parents=True)
 
 

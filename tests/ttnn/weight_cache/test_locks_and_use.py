@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Locks that work where users are, and uses that count wherever they happen: a shared cache whose
 build lock is another user's read-only file still caches; warm starts from a read-only mount and
-``seed --check`` keep a variant from ``gc --older-than``."""
+``seed --check`` and another user's warm starts keep a variant from ``gc --older-than``."""
 
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from models.llama import LlamaLoader
 from models.testing.tiny_models import make_checkpoint
-from models.testing.tt_cache import cli_env, json_out, tt_cache
+from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 
 NOBODY = 65534
 
@@ -71,3 +74,29 @@ def test_a_seed_check_that_finds_the_cache_warm_counts_as_a_use(checkpoint, cach
     _age(loader, 40)
     gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=cli_env())
     assert [Path(e["cache_dir"]) for e in json_out(gc)["evicted"]] == [loader.cache_dir]  # unused: evicted
+
+
+OTHER_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+              "--inh-caps=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the cache to another user (chown)")
+def test_another_users_warm_start_keeps_the_cache_from_the_builders_gc(checkpoint, cache_root, tmp_path):
+    """The cache is the builder's (here ``nobody``: every file chowned), the reader someone else with
+    its own user state (uid 0 without the capabilities that bypass file modes and ownership, so
+    only "other" bits apply to it): its warm start lands in the record the builder's gc reads."""
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    loader.load()
+    assert stat.S_IMODE(loader.paths.last_used.stat().st_mode) == 0o666
+    for path in [cache_root, *cache_root.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    _age(loader, 40)
+    probe = ("import sys\nfrom models.llama import LlamaLoader\n"
+             "print(LlamaLoader(sys.argv[1], precision='bfloat16', cache_root=sys.argv[2]).load().warm)\n")
+    reader_state = tmp_path / "reader-state"
+    reader = subprocess.run([*OTHER_USER, sys.executable, "-c", probe, str(checkpoint), str(cache_root)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            env=cli_env(TT_USER_STATE=str(reader_state)))
+    assert reader.returncode == 0 and reader.stdout.split()[-1] == "True", reader.stderr[-3000:]
+    gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=cli_env())
+    assert gc.returncode == 0 and json_out(gc)["evicted"] == [], gc.stdout
