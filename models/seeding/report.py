@@ -52,6 +52,7 @@ class CaseResult:
     merged: tuple[Combination, ...] = ()
     cache_bytes: int = 0
     build_seconds: float | None = None
+    use: dict[str, Any] | None = None  # a warm hit: where and when, for the writer's gc (gc --uses)
 
     @property
     def ok(self) -> bool:
@@ -158,7 +159,8 @@ class SeedReport:
                                "cache_bytes": stats.cache_bytes, "bytes_written": stats.bytes_written,
                                "seconds_saved": round(stats.seconds_saved, 3)},
                 "started": self.started, "seconds": round(self.seconds, 3),
-                "cases": [case.as_json() for case in self.cases]}
+                "cases": [case.as_json() for case in self.cases],
+                "uses": [case.use for case in self.cases if case.use is not None]}
 
 
 def write_json_report(report: SeedReport, path: Path) -> None:

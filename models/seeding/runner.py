@@ -323,17 +323,28 @@ def _marker_facts(status: Any) -> dict[str, Any]:
     return {"cache_bytes": sum(record.bytes for record in marker.all_files()), "build_seconds": marker.build_seconds}
 
 
+def _use(opened: OpenedRequest, options: SeedOptions) -> dict[str, Any] | None:
+    """A warm hit as the report hands it to the writer's ``gc --uses``: the variant dir relative to
+    the cache root (a read-only runner's mount path is not the writer's), its tag and the time."""
+    root = Path(os.path.abspath(options.cache_root or envs.TT_CACHE_PATH))
+    try:
+        relative = Path(os.path.abspath(opened.request.cache_dir)).relative_to(root)
+    except ValueError:
+        return None  # an explicit cache dir outside the root: the writer's gc does not see it either
+    return {"cache_dir": relative.as_posix(), "variant_tag": opened.request.paths.tag, "at": time.time()}
+
+
 def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult:
     combination = variant.combination
     start = time.perf_counter() - variant.open_seconds
 
     def result(outcome: str, reason: str = "", cache_dir: Any = None, tracker: ProgressTracker | None = None,
-               status: Any = None):
+               status: Any = None, use: dict[str, Any] | None = None):
         written = tracker.snapshot() if tracker else None
         return CaseResult(combination, outcome, reason, time.perf_counter() - start,
                           str(cache_dir) if cache_dir else None,
                           written.weights_done if written else 0, written.bytes_done if written else 0,
-                          tuple(variant.merged), **_marker_facts(status))
+                          tuple(variant.merged), **_marker_facts(status), use=use)
 
     opened = variant.opened
     if opened is None:
@@ -342,7 +353,7 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
     status = opened.status()
     if status.warm:
         touch_last_used(opened.request.paths)  # a CI check that finds the cache warm is a use: gc keeps it
-        return result(WARM, "", cache_dir, status=status)
+        return result(WARM, "", cache_dir, status=status, use=_use(opened, options))
     if options.check_only:
         return result(COLD, status.reason, cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)

@@ -346,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-size", help="evict until the variants fit, e.g. 500G")
     gc.add_argument("--older-than", help="evict variants unused for longer, e.g. 30d")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
+    gc.add_argument("--uses", action="append", metavar="REPORT",
+                    help="first record the warm uses a read-only runner's 'seed --check --report REPORT' carries "
+                         "(in a --dry-run too: a use record deletes nothing)")
     gc.add_argument("--keep-plan", action="append", metavar="PLAN",
                     help="never evict a variant this seeding plan names (repeatable)")
     gc.add_argument("--prefill-max-size", metavar="SIZE",

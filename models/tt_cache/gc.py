@@ -13,12 +13,15 @@ own: regular files reached without following a symlink, with the recorded inode 
 never inside a directory that holds a cache of its own, and not recorded by another marker. Builds no marker names (failed,
 killed, or replaced while leased) go as well. A user's file beside a cache, a cache whose marker
 cannot be parsed, another model's cache: nothing else is touched.
-Recency is the last use (:mod:`models.common.weight_cache.usage`). Torch-free.
+Recency is the last use (:mod:`models.common.weight_cache.usage`); a read-only runner that cannot
+record its uses hands them over in its ``seed --check --report`` (``gc --uses REPORT``,
+:func:`hand_over_uses`), recorded before anything is planned. Torch-free.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from collections.abc import Iterable
@@ -31,7 +34,8 @@ from models.common.weight_cache.gate import file_problem
 from models.common.weight_cache.generations import LockState, build_lock, retire_unnamed
 from models.common.weight_cache.layout import VariantPaths, nested_cache
 from models.common.weight_cache.marker import FileRecord, WeightCacheMarker, forget_markers, iter_markers
-from models.common.weight_cache.usage import forget_use
+from models.common.weight_cache.side_files import read_json_record
+from models.common.weight_cache.usage import forget_use, record_use_at
 from models.tt_cache.scan import LeftoverBuild, VariantInfo, marker_stamp, scan_leftovers, scan_root
 
 
@@ -72,6 +76,84 @@ class GcResult:
                 "errors": [{"path": str(p), "error": e} for p, e in self.errors],
                 "protected": [str(p) for p in self.protected],
                 "kept": self.kept, "kept_bytes": self.kept_bytes}
+
+
+MAX_REPORT_BYTES = 64 << 20
+_TAG = re.compile(r"^[0-9a-f]{1,64}$")
+FUTURE_SKEW_S = 86400.0  # a runner's clock ahead of this one's by at most this much
+
+
+class UsesError(ValueError):
+    """A ``--uses`` report that cannot be read as one (one line, names the file and the entry)."""
+
+
+@dataclass(frozen=True)
+class HandedUse:
+    cache_dir: Path
+    variant_tag: str
+    at: float
+    recorded: bool
+    why: str = ""
+
+
+def read_uses(report: Path) -> list[tuple[str, str, float]]:
+    """The ``uses`` of a ``seed --check --report`` file: (variant dir relative to the cache root,
+    variant tag, time). Raises :class:`UsesError` for anything else."""
+    body = read_json_record(report, MAX_REPORT_BYTES)
+    if body is None:
+        raise UsesError(f"{report}: not a readable seed report (JSON object, at most {MAX_REPORT_BYTES >> 20} MiB)")
+    uses = body.get("uses")
+    if not isinstance(uses, list):
+        raise UsesError(f"{report}: no 'uses' list (written by 'tt-cache seed --check --report' of this version)")
+    found = []
+    latest = time.time() + FUTURE_SKEW_S
+    for index, use in enumerate(uses):
+        relative = use.get("cache_dir") if isinstance(use, dict) else None
+        tag = use.get("variant_tag") if isinstance(use, dict) else None
+        at = use.get("at") if isinstance(use, dict) else None
+        parts = Path(relative).parts if isinstance(relative, str) else ()
+        if (not parts or Path(relative).is_absolute() or ".." in parts or not isinstance(tag, str)
+                or not _TAG.match(tag) or type(at) not in (int, float) or not 0 <= at <= latest):
+            raise UsesError(f"{report}: uses[{index}] is not a use (a relative cache_dir, a hex variant_tag and a "
+                            f"time 'at' not in the future)")
+        found.append((relative, tag, float(at)))
+    return found
+
+
+def _reached_without_symlinks(root: Path, relative: str) -> Path | None:
+    """``root/relative`` if every step below ``root`` is a real directory (no symlink followed out)."""
+    path = root
+    for part in Path(relative).parts:
+        path = path / part
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return None
+        except OSError:
+            return None
+    return path
+
+
+def hand_over_uses(reports: Iterable[Path], root: Path) -> list[HandedUse]:
+    """Record every use the reports carry in the variant it names under ``root`` (where that
+    variant's marker is), so the plan that follows sees them. A bad report stops before any is."""
+    uses = [(report, use) for report in reports for use in read_uses(report)]
+    handed = []
+    for _, (relative, tag, at) in uses:
+        cache_dir = _reached_without_symlinks(root, relative)
+        if cache_dir is None:
+            handed.append(HandedUse(root / relative, tag, at, False, "no such directory under the root"))
+            continue
+        paths = VariantPaths(cache_dir, tag=tag)
+        try:
+            has_marker = stat.S_ISREG(os.lstat(paths.marker).st_mode)
+        except OSError:
+            has_marker = False
+        if not has_marker:
+            handed.append(HandedUse(cache_dir, tag, at, False, "no marker of that variant here"))
+            continue
+        recorded = record_use_at(paths, at)
+        handed.append(HandedUse(cache_dir, tag, at, recorded, "" if recorded else "its use record cannot be written"))
+    return handed
 
 
 def recency(variant: VariantInfo) -> float:

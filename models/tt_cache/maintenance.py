@@ -269,7 +269,7 @@ def _kept_by_plans(plans: Sequence[str], root: Path) -> set[Path]:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from models.common.units import format_size, parse_size
-    from models.tt_cache.gc import collect_garbage, plan_eviction
+    from models.tt_cache.gc import UsesError, collect_garbage, hand_over_uses, plan_eviction
     from models.tt_cache.humanize import parse_duration
 
     root = existing_dir(args.root) if args.root else default_cache_root()
@@ -281,6 +281,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if max_size is None and older_than is None and not args.prefill_max_size:
         raise CliError("gc needs --max-size, --older-than and/or --prefill-max-size")
     keep = _kept_by_plans(args.keep_plan or [], root)
+    try:
+        handed = hand_over_uses([Path(report) for report in args.uses or []], root)
+    except UsesError as error:
+        raise CliError(f"--uses {error}; nothing was evicted") from None
     plan = plan_eviction(root, max_size=max_size, older_than=older_than, keep=keep)
     result = plan if args.dry_run else collect_garbage(plan)
     prefill = _prefill_gc(root, args, older_than)
@@ -289,6 +293,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
              for e in result.evicted]
     lines += [f"{'would remove' if args.dry_run else 'removed'} leftover build {b.cache_dir / b.name} "
               f"({format_size(b.size_bytes)})" for b in result.leftovers]
+    lines += [f"recorded a use of {use.cache_dir} (--uses)" if use.recorded else
+              f"ignored a use of {use.cache_dir} (--uses): {use.why}" for use in handed]
     lines += [f"kept {path}: named by --keep-plan" for path in result.protected]
     lines += [f"skipped {path}: {why}" for path, why in result.skipped]
     lines += [f"deferred {path}: {why}" for path, why in result.deferred]
@@ -299,5 +305,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         lines.append(f"prefill cache: {verb} {prefill.removed_objects} object(s) and {prefill.removed_files} file(s) of "
                      f"debris, {format_size(prefill.removed_bytes)}; {format_size(prefill.bytes_after)} kept")
     emit(args, {**result.as_json(), "dry_run": args.dry_run,
+                "uses": [{"cache_dir": str(u.cache_dir), "variant_tag": u.variant_tag, "at": u.at, "recorded": u.recorded,
+                          "why": u.why} for u in handed],
                 "prefill": prefill.to_json() if prefill is not None else None}, lines)
     return EXIT_FAILED if result.errors else EXIT_OK

@@ -70,6 +70,21 @@ def touch_last_used(paths: VariantPaths) -> None:
         _touch(paths.user_last_used, create_parents=True)
 
 
+def record_use_at(paths: VariantPaths, when: float) -> bool:
+    """Record a use made elsewhere at ``when`` (a read-only runner's, handed over in its report:
+    ``tt-cache gc --uses``), in the cache's record; it only ever moves forward."""
+    previous = _regular_mtime(paths.last_used)
+    if previous is not None and previous >= when:
+        return True
+    if not _touch(paths.last_used, shared=True):
+        return False
+    try:
+        os.utime(paths.last_used, (when, when))
+    except OSError:
+        return False
+    return True
+
+
 def last_used(paths: VariantPaths) -> float | None:
     """The latest recorded use (the cache's record, this user's record), else the marker's mtime."""
     times = [when for path in (paths.last_used, paths.user_last_used) if (when := _regular_mtime(path)) is not None]

@@ -5,6 +5,7 @@ build lock is another user's read-only file still caches; warm starts from a rea
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -100,3 +101,36 @@ def test_another_users_warm_start_keeps_the_cache_from_the_builders_gc(checkpoin
     assert reader.returncode == 0 and reader.stdout.split()[-1] == "True", reader.stderr[-3000:]
     gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--json", env=cli_env())
     assert gc.returncode == 0 and json_out(gc)["evicted"] == [], gc.stdout
+
+
+def test_a_read_only_runners_check_report_hands_its_uses_to_the_writers_gc(checkpoint, cache_root, readonly_view,
+                                                                           tmp_path):
+    """A CI runner checks through a read-only mount, with a user state of its own (another machine's
+    or container's): its uses reach the writer's gc only through its report (``gc --uses``)."""
+    loader = LlamaLoader(checkpoint, precision="bfloat16")
+    loader.load()
+    _age(loader, 40)
+    view = readonly_view(cache_root)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"models:\n  - model: {checkpoint}\n    meshes: [N150]\n    precisions: [bfloat16]\n")
+    report = tmp_path / "check.json"
+    check = tt_cache("seed", "--plan", str(plan), "--check", "--cache-root", str(view), "--report", str(report),
+                     env=cli_env(TT_USER_STATE=str(tmp_path / "runner-state")))
+    assert check.returncode == 0, check.stderr[-2000:]
+    (use,) = json.loads(report.read_text())["uses"]
+    assert use["cache_dir"] == loader.cache_dir.relative_to(cache_root).as_posix()
+    dry = tt_cache("gc", str(cache_root), "--older-than", "30d", "--dry-run", "--json", env=cli_env())
+    assert [Path(e["cache_dir"]) for e in json_out(dry)["evicted"]] == [loader.cache_dir]  # unseen without the report
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"uses": [{"cache_dir": "../../etc", "variant_tag": use["variant_tag"], "at": 1.0}]}))
+    for broken in (bad, tmp_path / "missing.json"):
+        refused = tt_cache("gc", str(cache_root), "--older-than", "30d", "--uses", str(broken), env=cli_env())
+        assert refused.returncode == 2 and "nothing was evicted" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert loader.paths.marker.exists()
+
+    gc = tt_cache("gc", str(cache_root), "--older-than", "30d", "--uses", str(report), "--json", env=cli_env())
+    assert gc.returncode == 0 and json_out(gc)["evicted"] == [], gc.stdout
+    assert [u["recorded"] for u in json_out(gc)["uses"]] == [True]
+    assert LlamaLoader(checkpoint, precision="bfloat16").load().warm
