@@ -39,7 +39,6 @@ import torch
 import ttnn
 from loguru import logger
 
-from models.common import envs
 from models.common.build_plan import plan_weights
 from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
@@ -50,6 +49,7 @@ from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.host_sidecar import write_host_sidecar
+from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
 from models.common.weight_cache.placeholders import manifest_of
 from models.common.weight_cache.request import CacheRequest
@@ -59,10 +59,6 @@ from models.common.weight_cache.warm_read import WarmRead
 from models.registry import family_facts
 
 STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
-
-
-def default_cache_root() -> Path:
-    return envs.TT_CACHE_PATH
 
 
 @dataclass
@@ -172,7 +168,7 @@ class WeightLoader(ABC):
         self.mesh_device = mesh_device
         self.force = force
         self.force_env = force_env
-        self.cache_root = Path(cache_root or default_cache_root())
+        self.cache_root = Path(cache_root or CacheRoot.default().path)
         self.request = CacheRequest(model, self.build_variant, precision, self.mesh_shape, num_layers, self.cache_root,
                                     Path(cache_dir) if cache_dir is not None else None)
         self.checkpoint_dir = self.request.checkpoint_dir

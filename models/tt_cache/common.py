@@ -11,8 +11,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from models.common import envs
-
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 SCHEMA_VERSION = 1  # of every --json document; bumped when a key changes meaning
@@ -24,10 +22,6 @@ class CliError(Exception):
 
     exit_code = EXIT_BAD_INPUT
     document: dict[str, Any] | None = None
-
-
-def default_cache_root() -> Path:
-    return envs.TT_CACHE_PATH
 
 
 def existing_dir(text: str) -> Path:

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.tt_cache.common import EXIT_FAILED, EXIT_OK, CliError, default_cache_root, emit, existing_dir, table
+from models.common.weight_cache.layout import CacheRoot
+from models.tt_cache.common import EXIT_FAILED, EXIT_OK, CliError, emit, existing_dir, table
 
 LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "BUILT IN", "LAST USED", "PATH")
 
@@ -21,7 +22,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from models.tt_cache.scan import scan_leftovers, scan_root
 
     start = time.perf_counter()
-    root = existing_dir(args.root) if args.root else default_cache_root()
+    root = existing_dir(args.root) if args.root else CacheRoot.default().path
     rows = [variant.as_json() for variant in (scan_root(root) if root.is_dir() else [])]
     leftovers = [build.as_json() for build in (scan_leftovers(root) if root.is_dir() else [])]
     total = sum(row["size_bytes"] for row in rows) + sum(b["size_bytes"] for b in leftovers)
@@ -58,7 +59,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _prefill_dir(root: Path) -> Path | None:
-    from models.common.weight_cache.layout import CacheRoot
 
     directory = CacheRoot(root).prefill_dir
     return directory if directory.is_dir() else None
@@ -175,7 +175,7 @@ def _clean_model_data(args: argparse.Namespace, planned: list[tuple[str, str]]) 
     from models.demos.real_models.model_data import remove_model_data
     from models.tt_cache.scan import scan_root
 
-    cache_root = Path(args.cache_root) if args.cache_root else default_cache_root()
+    cache_root = Path(args.cache_root) if args.cache_root else CacheRoot.default().path
     data = _scan_model_data(args.model_root)
     if data is None:
         return {"root": None, "removed": [], "removed_files": 0, "removed_bytes": 0, "kept": [], "skipped": [],
@@ -272,7 +272,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from models.tt_cache.gc import UsesError, collect_garbage, hand_over_uses, plan_eviction
     from models.tt_cache.humanize import parse_duration
 
-    root = existing_dir(args.root) if args.root else default_cache_root()
+    root = existing_dir(args.root) if args.root else CacheRoot.default().path
     try:
         max_size = parse_size(args.max_size) if args.max_size else None
         older_than = parse_duration(args.older_than) if args.older_than else None

@@ -240,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, max_bytes: int | None, threads: Any) -> tuple[int, dict[str, Any]]:
     """Train; returns the exit status and the JSON report."""
     from models.common.checkpoint import CheckpointError
-    from models.common.loader import default_cache_root
     from models.common.weight_cache.layout import CacheRoot
     from models.demos.resynthesis.train import ChildCheckpointError, TrainConfig, Trainer
     from models.resynthesis.parent import FrozenParent
@@ -255,7 +254,7 @@ def run(args: argparse.Namespace, max_bytes: int | None, threads: Any) -> tuple[
     print(f"parent: {parent.identity.checkpoint_id} ({args.precision}, {'warm' if parent.loaded.warm else 'cold'} "
           f"load in {parent.loaded.seconds:.2f} s), weights sha256 {parent.identity.weights_sha256[:16]}...")
     prompts, kind = load_prompts(args, model, parent)
-    prefill_root = args.prefill_cache or CacheRoot(Path(args.weight_cache or default_cache_root())).prefill_dir
+    prefill_root = args.prefill_cache or (CacheRoot(Path(args.weight_cache)) if args.weight_cache else CacheRoot.default()).prefill_dir
     cap = f", cap {format_bytes(max_bytes)}" if max_bytes is not None else ""
     print(f"prompts: {len(prompts)} {kind}; prefill cache {'off' if args.no_cache else str(prefill_root) + cap}; "
           f"threads {'auto' if args.threads is None else args.threads} (cap {threads.cap} of "
