@@ -50,11 +50,16 @@ def _user_cache_home() -> Path:
 def _hub_cache() -> Path:
     """The Hugging Face hub cache by ``huggingface_hub.constants``' own rule, read when asked:
     ``$HF_HUB_CACHE``, else the legacy ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub`` where
-    ``$HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``. (A test holds this against the
-    library's constants in fresh processes.)"""
-    home = os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(_user_cache_home(), "huggingface"))
-    legacy = os.environ.get("HUGGINGFACE_HUB_CACHE")
-    return Path(os.path.expanduser(os.environ.get("HF_HUB_CACHE") or legacy or os.path.join(home, "hub")))
+    ``$HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``; ``~`` and ``$VARS`` expanded, a set but
+    empty variable taken as set, all as the library does (a test holds this against its constants
+    in fresh processes)."""
+    def expand(path: str) -> str:
+        return os.path.expandvars(os.path.expanduser(path))
+
+    xdg = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    home = expand(os.environ.get("HF_HOME", os.path.join(xdg, "huggingface")))
+    legacy = os.environ.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+    return Path(expand(os.environ.get("HF_HUB_CACHE", legacy)))
 
 
 @dataclass(frozen=True)
