@@ -3,9 +3,12 @@
 
     prefill ls ROOT [--json]                      objects, bytes, bytes per sample, size cap, debris
     prefill verify ROOT [--json]                  re-hash every object; exit 1 naming the bad ones
-    prefill gc ROOT [--older-than-days N] [--max-size SIZE] [--dry-run] [--json]
-                                                  dead writers' debris, objects unused N days, least
+    prefill gc ROOT [--older-than 30d] [--max-size SIZE] [--dry-run] [--json]
+                                                  dead writers' debris, objects unused that long, least
                                                   recently used objects beyond SIZE (e.g. 20G)
+
+Durations and sizes are spelled as in ``tt-cache gc`` (``30d``, ``12h``; ``20G``), parsed by the
+same functions. ``--older-than-days N``, the earlier spelling, still works.
 
 ``ls`` shows the size cap producers are given by ``TT_PREFILL_CACHE_MAX_SIZE``; ``gc`` applies
 it when ``--max-size`` is not given. JSON output carries ``schema_version`` and snake_case keys,
@@ -37,6 +40,7 @@ from models.common.prefill_cache.maintenance import (
     verify,
 )
 from models.common.units import format_bytes, parse_size
+from models.tt_cache.humanize import parse_duration
 
 T = TypeVar("T")
 
@@ -103,14 +107,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_FAILED if result.failures else EXIT_OK
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
+def _older_than_days(args: argparse.Namespace) -> float | None:
+    """``--older-than DURATION`` (``tt-cache gc``'s syntax) or ``--older-than-days N``, in days."""
+    if args.older_than is not None and args.older_than_days is not None:
+        raise ValueError("give --older-than or --older-than-days, not both")
+    if args.older_than is not None:
+        return parse_duration(args.older_than) / 86400
     if args.older_than_days is not None and not args.older_than_days >= 0:
-        return _fail(args, f"--older-than-days must be >= 0, got {args.older_than_days}")
+        raise ValueError(f"--older-than-days must be >= 0, got {args.older_than_days}")
+    return args.older_than_days
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    try:
+        older_than_days = _older_than_days(args)
+    except ValueError as error:
+        return _fail(args, str(error))
     try:
         max_bytes = parse_size(args.max_size) if args.max_size is not None else max_bytes_from_env()
     except ValueError as error:
         return _fail(args, f"--max-size: {error}")
-    read = _read_root(args, lambda root: gc(root, older_than_days=args.older_than_days, max_bytes=max_bytes,
+    read = _read_root(args, lambda root: gc(root, older_than_days=older_than_days, max_bytes=max_bytes,
                                             dry_run=args.dry_run, now=time.time()))
     if isinstance(read, str):
         return _fail(args, read)
@@ -140,8 +157,10 @@ def add_prefill_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
         command.add_argument("root", metavar="ROOT", help="prefill cache root")
         command.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "gc":
+            command.add_argument("--older-than", default=None, metavar="DURATION",
+                                 help="also remove objects not used for that long (e.g. 30d, 12h)")
             command.add_argument("--older-than-days", type=float, default=None, metavar="N",
-                                 help="also remove objects not used for N days")
+                                 help="the same in days (the earlier spelling)")
             command.add_argument("--max-size", default=None, metavar="SIZE",
                                  help=f"evict least recently used objects until ROOT holds at most SIZE "
                                       f"(e.g. 20G; default ${MAX_SIZE_ENV}, else no cap)")

@@ -71,7 +71,9 @@ def test_gc_removes_debris_and_old_objects(cache, capsys):
     os.utime(old.paths.root, (stale, stale))  # its last use (a lookup touches the object directory)
     code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--json")
     assert code == 0 and json.loads(out)["removed_files"] == 1 and json.loads(out)["removed_objects"] == 0
-    code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--older-than-days", "30", "--json")
+    code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--older-than", "50d", "--json")
+    assert code == 0 and json.loads(out)["removed_objects"] == 0  # tt-cache gc's duration syntax: 40 < 50 days
+    code, out, _ = _run(capsys, "prefill", "gc", str(cache), "--older-than", "30d", "--json")
     assert code == 0 and json.loads(out)["removed_objects"] == 1
     assert old.lookup_boundary() is None and row(cache, 1)[0].lookup_boundary() is not None
 
@@ -94,7 +96,9 @@ def test_bad_roots_are_exit_2_with_one_line(tmp_path, capsys, command):
 
 @pytest.mark.parametrize("argv", [[], ["prefill"], ["prefill", "nope", "x"], ["prefill", "ls"],
                                   ["prefill", "gc", "x", "--older-than-days", "soon"],
-                                  ["prefill", "gc", "x", "--older-than-days", "-1"]])
+                                  ["prefill", "gc", "x", "--older-than-days", "-1"],
+                                  ["prefill", "gc", "x", "--older-than", "30"],
+                                  ["prefill", "gc", "x", "--older-than", "30d", "--older-than-days", "30"]])
 def test_bad_usage_is_exit_2(tmp_path, capsys, argv):
     argv = [str(tmp_path) if a == "x" else a for a in argv]
     code, _, err = _run(capsys, *argv)
