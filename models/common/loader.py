@@ -27,6 +27,7 @@ and its ``convert`` (see :mod:`models.common.decoder` for the layouts families s
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import time
 from abc import ABC, abstractmethod
@@ -77,6 +78,7 @@ class LoadedModel:
     timings: dict[str, float] = field(default_factory=dict)
     cached: bool = True  # False: a cold build that could not write the cache (it stays cold)
     prefetch: Prefetcher | None = None  # warm: still reading the cache's files ahead (``wait()`` for it)
+    streamed: bool = False  # a cold build that kept no weight: its caller reads the cache back
 
 
 @dataclass(frozen=True)
@@ -299,21 +301,37 @@ class WeightLoader(ABC):
                            "complete", seconds, prefetch=prefetcher)
 
     def _load_cold(self, args: ModelArgs, reason: str, start: float, **build: Any) -> LoadedModel:
-        """``build``: the streaming options of :meth:`_build` (a seed)."""
+        """``build``: the streaming options of :meth:`_build` (a seed).
+
+        A cold :meth:`load` costs what a seed costs: on the host (no ``mesh_device``) it builds
+        streaming, keeping no converted weight, then reads the new generation back as a warm start
+        does (mapped, bit-identical: the same files). Where the cache cannot be written it builds in
+        memory, keeping every weight; with a ``mesh_device`` each weight is kept on the device."""
         if not self.has_checkpoint_weights:
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
             )
+        read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
             if transaction.locked and not self.forced:  # another builder may have finished while this one waited
                 loaded, _ = self._try_warm(args, start)
                 if loaded is not None:
                     return loaded
             logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
-            return self._build(args, reason, start, transaction, **build)
+            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, **build)
+        if not built.streamed:
+            return built
+        loaded, why = self._try_warm(args, time.perf_counter()) if built.cached else (None, "it could not be written")
+        if loaded is None:  # a full disk; or a racing rebuild or eviction of what was published a moment ago
+            logger.warning(f"{self.model_name}: the cache just built cannot be read back ({why}); building in memory")
+            with BuildTransaction(self.paths) as transaction:
+                return self._build(args, reason, start, transaction)
+        return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
+                                   timings={**built.timings, "read_back": loaded.seconds})
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction, *,
-               stream: bool = False, on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
+               stream: bool = False, stream_if_cached: bool = False,
+               on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
         """Convert every weight into the transaction's generation and commit it. ``timings`` of the
         result: ``convert`` (wall time of the family's convert: checkpoint reads, transforms,
         ``from_torch``, waits for the writer), ``dump`` and ``fsync`` (the writer thread, overlapped),
@@ -321,7 +339,9 @@ class WeightLoader(ABC):
 
         ``stream`` (a seed): keep no converted weight, at most :data:`STREAM_PENDING_BYTES` of
         writes queued, checkpoint pages released after each weight (host weights excepted: the
-        sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written."""
+        sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written.
+        ``stream_if_cached`` (a cold load): stream too when the generation can be written; the
+        result is then ``streamed`` (no weights: the caller reads the cache back)."""
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
         try:
@@ -329,6 +349,7 @@ class WeightLoader(ABC):
         except OSError as error:
             root = None
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
+        stream = stream or (stream_if_cached and root is not None)
         cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
                             max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written)
         sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
@@ -355,7 +376,7 @@ class WeightLoader(ABC):
                    "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
                    **transaction.timings}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
-                           reason, seconds, timings, cached=cached)
+                           reason, seconds, timings, cached=cached, streamed=stream_if_cached and stream)
 
     def draft_marker(self, args: ModelArgs, state: LazyStateDict, host: dict[str, torch.Tensor]) -> WeightCacheMarker:
         """The marker of a build of this loader, before its files are sealed (the transaction fills them in)."""

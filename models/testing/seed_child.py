@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A seeding process for tests: ``python -m models.testing.seed_child MODE CHECKPOINT PRECISION CACHE_ROOT``.
 
-MODE ``seed`` (``WeightLoader.seed()``), ``load`` (a cold ``load()``, today's way, weights kept)
+MODE ``seed`` (``WeightLoader.seed()``), ``load`` (a cold ``load()``: streamed, then read back)
 or ``ray:N`` (:func:`models.seeding.ray_seed.seed_on_ray` with N local workers). Prints one line
 ``SEED_REPORT {json}`` with the process's own peak RSS (``VmHWM``) after imports and at the end."""
 

@@ -136,12 +136,12 @@ LARGEST_WEIGHT = 32000 * 2048 * 2  # the llama-shaped embedding / LM head, bf16
 # import + at most 4 copies of the largest weight (mapped source, transposed copy, converted,
 # one queued write) + a constant
 PEAK_ALLOWANCE = 4 * LARGEST_WEIGHT + 128 * MiB
-MEMORY_LIMIT = 2 << 30  # today's cold build of the 1.6 GB checkpoint peaks near 3.8 GB
+MEMORY_LIMIT = 2 << 30  # a cold build that kept every weight peaked near 3.8 GB on the 1.6 GB checkpoint
 
 
 @pytest.mark.slow  # 0.6 and 1.6 GB checkpoints written, seeded three times: 100 s
 @pytest.mark.skipif(cgroup_unavailable() is not None, reason=f"{cgroup_unavailable()}")
-def test_streaming_seed_memory_is_flat_in_model_size_and_fits_a_limit_the_cold_build_exceeds(llama_shaped, tmp_path):
+def test_streaming_seed_and_cold_load_memory_is_flat_in_model_size_and_fits_a_limit(llama_shaped, tmp_path):
     rc, small, err = run_seed_child("seed", llama_shaped[0.6], tmp_path / "small")
     assert rc == 0 and small and small["complete"], err
     # the 2.7x larger checkpoint, under a real 2 GiB memory cgroup
@@ -154,10 +154,11 @@ def test_streaming_seed_memory_is_flat_in_model_size_and_fits_a_limit_the_cold_b
     assert growth <= 128 * MiB, f"peak RSS grew {growth / MiB:.0f} MiB from 0.6 to 1.6 GB of checkpoint"
     variant = loader_class("llama")(llama_shaped[1.6], precision="bfloat16").build_variant
     assert verify_weight_cache(Path(large["cache_dir"]), variant) == []
-    # today's cold build (every converted weight kept) does not fit the same limit
-    rc, report, err = run_seed_child("load", llama_shaped[1.6], tmp_path / "today", limit=MEMORY_LIMIT)
-    assert rc != 0 and report is None, "the keep-everything cold build fit the limit: the test proves nothing"
-    assert rc == -9, f"expected the cgroup's OOM kill (SIGKILL), got exit status {rc}:\n{err}"
+    # a cold load() streams too (kept every converted weight until it did: it peaked near 3.8 GB here and
+    # was OOM-killed under this limit), then reads the new generation back
+    rc, report, err = run_seed_child("load", llama_shaped[1.6], tmp_path / "load", limit=MEMORY_LIMIT)
+    assert rc == 0 and report and report["complete"], f"a cold load() failed under {MEMORY_LIMIT >> 20} MiB:\n{err}"
+    assert report["peak"] - report["import_peak"] <= PEAK_ALLOWANCE
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_moe"])
