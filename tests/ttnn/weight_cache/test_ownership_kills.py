@@ -5,6 +5,8 @@ times; ``tt-cache ls`` counts what it left, and one build, ``gc`` or ``clean`` l
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from models.common.weight_cache.layout import (
     is_generation_name,
 )
 from models.llama import LlamaLoader
+from models.testing.resynthesis_world import tmpfs
 from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
 
@@ -115,3 +118,24 @@ def test_kills_inside_making_and_retiring_generations_leave_nothing_after_one_bu
 def test_kills_inside_making_and_retiring_generations_many_trials(checkpoint, cache_root):
     left = run_trials(checkpoint, cache_root, trials=40, seed=2)
     assert sum(1 for n in left if n) >= 10, left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+@pytest.mark.parametrize("room", [0, 16 << 10], ids=["no room for the record", "room for the record only"])
+def test_a_full_file_system_under_the_record_leaves_nothing_and_builds_in_memory(checkpoint, tmp_path, room):
+    """The cache root on a small tmpfs filled up (to nothing left, or to the record's room and no more):
+    the cold load still builds, in memory, and leaves no generation, record or temp file behind."""
+    with tmpfs(tmp_path / "small", "2m") as root:
+        filler = root / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"\0" * 4096):
+                pass
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.truncate(filler, max(0, filler.stat().st_size - room))
+        loader = LlamaLoader(checkpoint, precision="bfloat16", cache_root=root)
+        loaded = loader.load()
+        assert not loaded.cached and loaded.weights
+        assert not loader.paths.marker.exists()
+        assert leftovers(loader.cache_dir, set()) == [] if loader.cache_dir.exists() else True
