@@ -268,22 +268,23 @@ class WeightLoader(ABC):
                           counter.files + (sidecar is not None), counter.bytes + (sidecar.bytes if sidecar else 0),
                           seconds)
 
-    def _try_warm(self, args: ModelArgs, start: float) -> tuple[LoadedModel | None, str]:
-        """A warm build if the gate passes and every file loads as expected, else (None, why)."""
+    def _try_warm(self, args: ModelArgs, start: float, prefetch: bool = True) -> tuple[LoadedModel | None, str]:
+        """A warm build if the gate passes and every file loads as expected, else (None, why).
+        ``prefetch=False``: files just written (a cold load's read-back) are in the page cache."""
         with WarmRead(self.paths, lambda: self.status(args)) as read:
             if not read.warm:
                 return None, read.reason
             try:
-                return self._load_warm(args, read, start), "complete"
+                return self._load_warm(args, read, start, prefetch), "complete"
             except WeightCacheError as error:
                 if not self.has_checkpoint_weights:
                     raise
                 logger.warning(f"Warm build of {self.model_name} failed ({error}); building cold")
                 return None, str(error)
 
-    def _load_warm(self, args: ModelArgs, read: WarmRead, start: float) -> LoadedModel:
+    def _load_warm(self, args: ModelArgs, read: WarmRead, start: float, prefetch: bool = True) -> LoadedModel:
         prefetcher = None
-        if self.prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
+        if self.prefetch and prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
             prefetcher = Prefetcher(self.prefetch)
             prefetcher.add(read.files())
         try:
@@ -321,7 +322,8 @@ class WeightLoader(ABC):
             built = self._build(args, reason, start, transaction, stream_if_cached=read_back, **build)
         if not built.streamed:
             return built
-        loaded, why = self._try_warm(args, time.perf_counter()) if built.cached else (None, "it could not be written")
+        loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False) if built.cached
+                       else (None, "it could not be written"))
         if loaded is None:  # a full disk; or a racing rebuild or eviction of what was published a moment ago
             logger.warning(f"{self.model_name}: the cache just built cannot be read back ({why}); building in memory")
             with BuildTransaction(self.paths) as transaction:
