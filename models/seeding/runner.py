@@ -38,7 +38,7 @@ from models.common.model_args import ModelArgs
 from models.common.weight_cache.layout import PRECISIONS, CacheRoot, VariantPaths, variant_subdir, variant_tag
 from models.common.weight_cache.marker import WeightCacheError, iter_markers
 from models.common.weight_cache.request import CacheRequest
-from models.common.weight_cache.usage import model_ids, touch_last_used
+from models.common.weight_cache.usage import answers_to, touch_last_used
 from models.registry import FAMILY_LOADERS, family_facts, family_of, loader_class
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ def _markers_of_model(combination: Combination, cache_root: Path) -> set[Path]:
         for path, marker, _ in iter_markers(model_dir / subdir):
             if marker is None or (combination.family is not None and marker.family != combination.family):
                 continue
-            if marker.model_id == wanted or wanted in model_ids(VariantPaths(path.parent, marker.build_variant)):
+            if answers_to(VariantPaths(path.parent, marker.build_variant), marker.model_id, wanted):
                 found.add(path)
     return found
 

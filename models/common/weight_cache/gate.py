@@ -33,7 +33,7 @@ from models.common.weight_cache.layout import (
 )
 from models.common.weight_cache.marker import FileRecord, WeightCacheError, WeightCacheMarker, read_marker
 from models.common.weight_cache.stamps import COARSE_TICK_NS, FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
-from models.common.weight_cache.usage import model_ids
+from models.common.weight_cache.usage import answers_to
 
 DEFAULT_FORCE_ENV = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
 
@@ -164,7 +164,7 @@ def weight_cache_status(
         (content_id is None or marker.content_id == content_id,
          lambda: f"marker is for checkpoint content {str(marker.content_id)[:16]}, not {str(content_id)[:16]} "
                  "(these are other weights)"),
-        (model_id is None or marker.model_id == model_id or model_id in model_ids(paths),
+        (model_id is None or answers_to(paths, marker.model_id, model_id),
          lambda: f"marker was built from model {marker.model_id!r}, not {model_id!r}"),
         (content_id is not None or model_id is not None or marker.model_name == model_name,
          lambda: f"marker is for model {marker.model_name!r}, not {model_name!r}"),

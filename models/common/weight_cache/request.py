@@ -37,7 +37,7 @@ from models.common.weight_cache.identity import BOOKKEEPING_CONFIG_FIELDS, conte
 from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir
 from models.common.weight_cache.marker import WeightCacheError, read_marker
 from models.common.weight_cache.stamps import StampIndex
-from models.common.weight_cache.usage import model_ids
+from models.common.weight_cache.usage import answers_to
 
 # config.json fields that do not change what the cached weights compute (bookkeeping, how the
 # checkpoint was stored, which tokens start and stop generation): a cache-only deploy may differ in them
@@ -122,7 +122,7 @@ class CacheRequest:
         for model_dir in CacheRoot(self.cache_root).model_dirs():
             directory = model_dir / self.variant_subdir
             recorded = self._recorded(directory, "model_id")
-            if recorded == self.model_id or (recorded and self.model_id in model_ids(VariantPaths(directory, self.build_variant))):
+            if answers_to(VariantPaths(directory, self.build_variant), recorded, self.model_id):
                 candidates.append(directory)
             elif recorded is not None and checkpoint_name(recorded) == self.model_name:
                 same_name.append(recorded)

@@ -112,6 +112,12 @@ def model_ids(paths: VariantPaths) -> list[str]:
     return [value for value in body if isinstance(value, str)][:MAX_MODEL_IDS] if isinstance(body, list) else []
 
 
+def answers_to(paths: VariantPaths, recorded: str | None, model_id: str) -> bool:
+    """The one cache-only matching rule: a variant whose marker records ``recorded`` serves
+    ``model_id`` when that is the id it was built from or one it was loaded warm as."""
+    return recorded is not None and (recorded == model_id or model_id in model_ids(paths))
+
+
 def add_model_id(paths: VariantPaths, model_id: str) -> None:
     """Remember ``model_id`` as another name of this build (best effort: read-only caches skip it)."""
     known = model_ids(paths)
