@@ -466,8 +466,8 @@ def _remove_retired_debris(paths: VariantPaths) -> int:
     """Finish what killed makings and retirements of this variant left."""
     freed = 0
     for path in retired_debris(paths):
-        freed += tree_bytes(path) if _is_real_dir(path) else 0
         if _is_real_dir(path):
+            freed += tree_bytes(path)
             _delete_owned(paths, path)
         else:
             with contextlib.suppress(OSError):
