@@ -352,20 +352,16 @@ class WeightLoader(ABC):
             root = None
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
         stream = stream or (stream_if_cached and root is not None)
-        cache = TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
-                            max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written)
-        sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
-        sidecar = transaction.paths.host_sidecar_name if sink.host and root is not None else None
-        if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
-            sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
-        try:
+        with TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
+                         max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written) as cache:
+            sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
+            sidecar = transaction.paths.host_sidecar_name if sink.host and root is not None else None
+            if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
+                sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
                 self.convert(sink, args)
-        except BaseException:
-            cache.abort()
-            raise
-        convert_seconds = time.perf_counter() - start
-        cache.finish()
+            convert_seconds = time.perf_counter() - start
+            cache.finish()
         cached = root is not None and not cache.write_errors
         if cached:
             cached = self._commit(transaction, args, state, sink.host, cache.files, sidecar)

@@ -96,15 +96,11 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
     lazy = LazyStateDict(reader)
     state = PartState(lazy, {key: reader.spec(key) for key in reader.keys()})
-    cache = TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES)
-    sink = PartSink(cache, state, plan, set(names), after_put=lambda _: lazy.release_read())
-    try:
+    with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES) as cache:
+        sink = PartSink(cache, state, plan, set(names), after_put=lambda _: lazy.release_read())
         with conversion_threads():
             loader.convert(sink, args)
-    except BaseException:
-        cache.abort()
-        raise
-    written = cache.finish()
+        written = cache.finish()
     reader.close()
     if cache.write_errors:
         raise OSError(f"cannot write {target_dir}: {cache.write_errors[0]}")

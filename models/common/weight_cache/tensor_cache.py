@@ -174,7 +174,16 @@ class TensorCache:
     ``rebuild=True`` (a cold build) converts every weight even when its file exists, so files of
     an older checkpoint are never mixed into a new build; with ``cache_dir=None`` it converts
     without writing (a cache that cannot be written). ``mesh_device`` (a real card's mesh) is
-    where tensors go after load; None keeps them on host."""
+    where tensors go after load; None keeps them on host.
+
+    Used as a context manager it aborts unless :meth:`finish` returned: an error (or a signal's
+    exception) inside the block cancels the writes still queued, and the writer thread is gone
+    when the block is left::
+
+        with TensorCache(root, mesh, rebuild=True) as cache:
+            family.convert(sink, args)  # cache.as_tensor(...) per weight
+            written = cache.finish()
+    """
 
     def __init__(
         self,
@@ -210,6 +219,7 @@ class TensorCache:
         self.recorded = recorded  # warm: {file: stamp the gate verified} of the marker (None: any)
         writes = rebuild and cache_dir is not None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if writes else None
+        self.finished = False  # finish() returned: every write done, or reported in write_errors
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat, *,
                   release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
@@ -318,6 +328,7 @@ class TensorCache:
                 fsync_dir(directory)
         if self._writer is not None:
             self._writer.shutdown(wait=True)
+        self.finished = True
         return list(self.written)
 
     def _collect(self, name: str, future: Future) -> None:
@@ -328,7 +339,15 @@ class TensorCache:
             for relative in written:
                 self.on_written(name, os.stat(os.path.join(self._root, relative)).st_size)
 
+    def __enter__(self) -> TensorCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.finished:
+            self.abort()
+
     def abort(self) -> None:
+        """Cancel the writes not yet started, wait for the one running, stop the writer thread."""
         for _, future, _ in self._pending:
             future.cancel()
         if self._writer is not None:

@@ -4,12 +4,14 @@ the very bytes ``ttnn.from_torch`` writes, for every shape and view a family han
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import ttnn
 
-from models.common.mesh import Placement
-from models.common.weight_cache.tensor_cache import TensorFormat, convert_shards
+from models.common.mesh import Placement, parse_mesh_shape
+from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat, convert_shards
 
 
 def _bytes(tensor: ttnn.Tensor, path) -> bytes:
@@ -131,3 +133,39 @@ def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path
     for recent, keep, sidecar_written in from_embedding:
         assert sidecar_written and embedding not in keep, (recent, keep)
     assert_same_cache(direct.cache_dir, seeded.cache_dir, direct.build_variant)
+
+
+def _writers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("tensorbin-writer")]
+
+
+def test_an_error_inside_a_cold_build_cancels_the_queued_writes_and_stops_the_writer(tmp_path):
+    """Leaving the block without ``finish`` (a family's convert raising, or Ctrl-C) writes none
+    of the weights still queued behind the one being written, and leaves no writer thread."""
+    fmt = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, Placement())
+    started, release = threading.Event(), threading.Event()
+
+    def slow_writer() -> list[str]:
+        started.set()
+        release.wait(10)
+        return []
+
+    with pytest.raises(ValueError, match="a weight the family cannot convert"):
+        with TensorCache(tmp_path, parse_mesh_shape((1, 1)), rebuild=True) as cache:
+            cache.submit_file(slow_writer)
+            assert started.wait(10)
+            for index in range(3):
+                cache.as_tensor(f"layers.{index}.weight", torch.ones(64, 64, dtype=torch.bfloat16), fmt)
+            threading.Timer(0.2, release.set).start()  # the running write ends; abort waits for it
+            raise ValueError("a weight the family cannot convert")
+    assert not cache.finished and not _writers()
+    assert not list(tmp_path.rglob("*.tensorbin")), "a weight queued before the error was written"
+
+
+def test_a_finished_cold_build_keeps_its_files_when_the_block_ends(tmp_path):
+    fmt = TensorFormat(ttnn.bfloat16, ttnn.TILE_LAYOUT, Placement())
+    with TensorCache(tmp_path, parse_mesh_shape((1, 1)), rebuild=True) as cache:
+        cache.as_tensor("norm.weight", torch.ones(64, 64, dtype=torch.bfloat16), fmt)
+        written = cache.finish()
+    assert cache.finished and not _writers()
+    assert [tmp_path / relative for relative in written] == list(tmp_path.rglob("*.tensorbin"))
