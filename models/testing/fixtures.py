@@ -199,3 +199,14 @@ def cache_root(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TT_CACHE_PATH", str(root))
     monkeypatch.delenv("TT_TRANSFORMERS_FORCE_MODEL_LOAD", raising=False)
     return root
+
+
+@pytest.fixture
+def cli_in_process() -> Iterator[None]:
+    """``tt-cache``'s ``main`` run inside the test process sets the quiet-output variables for
+    its process and children (``device_env.set_output``): put the environment back afterwards, so
+    that a later test's subprocess starts as the user's would."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

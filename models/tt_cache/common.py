@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,18 @@ class CliError(Exception):
 
     exit_code = EXIT_BAD_INPUT
     document: dict[str, Any] | None = None
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
+                help_text: str) -> argparse.ArgumentParser:
+    """One ``tt-cache`` command (``prefill``'s included): the ``--json`` and ``--verbose`` every
+    command takes, and ``run``, called with the parsed arguments."""
+    command = sub.add_parser(name, help=help_text, description=help_text)
+    command.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    command.add_argument("--verbose", action="store_true", help="also ttnn's and UMD's native log lines, progress "
+                         "bars and INFO logs (quiet by default: models.common.device_env.set_output)")
+    command.set_defaults(run=run)
+    return command
 
 
 def existing_dir(text: str) -> Path:

@@ -2,7 +2,7 @@
 """A prefill cache root under a size cap: least recently used objects go first, objects a live
 writer or producer holds stay, a dry run removes nothing; ``summarize`` (what ``tt-cache ls``
 shows) reports bytes, bytes per sample and the cap. Through the prefill cache API and
-``tt-cache prefill ls|gc`` (``models.tt_cache.prefill``)."""
+``tt-cache prefill ls|gc``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ from models.common.prefill_cache.usage import USES
 from models.common.units import parse_size
 from models.testing import REPO_ROOT
 from models.testing.prefill_factories import row, same_bytes
-from models.tt_cache.prefill import main as tt_cache
+from models.tt_cache.cli import main as tt_cache
+
+pytestmark = pytest.mark.usefixtures("cli_in_process")
 
 COUNT = 8
 
@@ -179,11 +181,11 @@ def test_tt_cache_prefill_ls_and_gc_show_and_apply_the_cap(aged, capsys, monkeyp
 def test_tt_cache_prefill_gc_as_a_process(aged):
     root, rows = aged
     each = _object_bytes(rows[0][0])
-    done = subprocess.run([sys.executable, "-m", "models.tt_cache.prefill", "prefill", "gc", str(root), "--max-size",
+    done = subprocess.run([sys.executable, "-m", "models.tt_cache.cli", "prefill", "gc", str(root), "--max-size",
                            f"{4 * each}", "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["evicted_objects"] == 4 and _present(rows) == [4, 5, 6, 7]
-    usage = subprocess.run([sys.executable, "-m", "models.tt_cache.prefill", "prefill", "gc", "--json"], cwd=REPO_ROOT,
+    usage = subprocess.run([sys.executable, "-m", "models.tt_cache.cli", "prefill", "gc", "--json"], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
     assert usage.returncode == 2 and "Traceback" not in usage.stderr and json.loads(usage.stdout)["exit_code"] == 2

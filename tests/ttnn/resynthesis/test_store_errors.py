@@ -23,9 +23,9 @@ from models.testing.resynthesis_world import (
     shut_down,
     tmpfs,
 )
-from models.tt_cache.prefill import main as tt_cache
+from models.tt_cache.cli import main as tt_cache
 
-pytestmark = requires_root
+pytestmark = [requires_root, pytest.mark.usefixtures("cli_in_process")]
 
 
 def args(prompts: int = 6, epochs: int = 2) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``tt-cache prefill ls|verify|gc`` through models.tt_cache.prefill.main: real caches on disk,
+"""``tt-cache prefill ls|verify|gc`` through ``tt-cache``'s own ``main``: real caches on disk,
 every exit status, ``--json``, and no torch or ttnn in the process."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 from models.common.prefill_cache import FrozenBackboneFeatureSidecar
 from models.testing import REPO_ROOT
 from models.testing.prefill_factories import row
-from models.tt_cache.prefill import main
+from models.tt_cache.cli import main
+
+pytestmark = pytest.mark.usefixtures("cli_in_process")
 
 
 @pytest.fixture
@@ -91,7 +93,7 @@ def test_bad_roots_are_exit_2_with_one_line(tmp_path, capsys, command):
     objects_file.mkdir()
     (objects_file / "objects").write_text("x")
     code, _, err = _run(capsys, "prefill", command, str(objects_file))
-    assert code == 2 and "error:" in err and "Traceback" not in err
+    assert code == 2 and err.startswith("tt-cache prefill: ") and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [[], ["prefill"], ["prefill", "nope", "x"], ["prefill", "ls"],
@@ -105,22 +107,21 @@ def test_bad_usage_is_exit_2(tmp_path, capsys, argv):
     assert code == 2 and "Traceback" not in err
 
 
-def test_empty_root_and_add_prefill_commands_plug_into_another_cli(tmp_path, capsys):
-    import argparse
+def test_an_empty_root_has_no_objects(tmp_path, capsys):
+    code, out, _ = _run(capsys, "prefill", "ls", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["objects"] == 0
 
-    from models.tt_cache.prefill import add_prefill_commands
 
-    parser = argparse.ArgumentParser(prog="tt-cache")
-    add_prefill_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["prefill", "ls", str(tmp_path), "--json"])
-    assert args.func(args) == 0
-    assert json.loads(capsys.readouterr().out)["objects"] == 0
+def test_the_earlier_days_spelling_is_refused_naming_the_one_syntax(cache, capsys):
+    code, out, err = _run(capsys, "prefill", "gc", str(cache), "--older-than-days", "30", "--json")
+    assert code == 2 and json.loads(out)["error"] == err.strip().removeprefix("tt-cache prefill: ")
+    assert "--older-than 30d" in err and len(err.strip().splitlines()) == 1
 
 
 def test_commands_import_neither_torch_nor_ttnn(cache):
     code = (
         "import sys\n"
-        "from models.tt_cache.prefill import main\n"
+        "from models.tt_cache.cli import main\n"
         f"codes = [main(['prefill', c, {str(cache)!r}, '--json']) for c in ('ls', 'verify', 'gc')]\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ttnn', 'numpy'})\n"
         "print(codes, heavy)\n"
