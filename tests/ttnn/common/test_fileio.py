@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from models.common.fileio import atomic_write_bytes, is_temp_path, temp_writer_alive, unique_temp_path, writing_into
+from models.common.fileio import (
+    atomic_write_bytes,
+    create_whole,
+    is_temp_path,
+    temp_writer_alive,
+    unique_temp_path,
+    writing_into,
+)
 from models.testing import REPO_ROOT
 
 
@@ -77,3 +84,18 @@ def test_atomic_writes_hold_the_writer_lock_only_while_writing(tmp_path):
     leftover = unique_temp_path(tmp_path / "f")
     leftover.write_bytes(b"x")
     assert not temp_writer_alive(leftover)
+
+
+@pytest.mark.parametrize("tmpfile", ["O_TMPFILE", "no O_TMPFILE"])
+def test_a_whole_file_is_created_once_and_leaves_no_temp(tmp_path, monkeypatch, tmpfile):
+    """With ``O_TMPFILE`` (Linux) and without it (a temp file hard-linked in, as on a platform or
+    Python that lacks it): the data whole, an existing file refused and kept, no temp name left."""
+    if tmpfile == "no O_TMPFILE":
+        monkeypatch.delattr("os.O_TMPFILE")
+    record = tmp_path / ".generation.g1"
+    create_whole(record, b'{"owner": "this build"}')
+    assert record.read_bytes() == b'{"owner": "this build"}'
+    with pytest.raises(FileExistsError):
+        create_whole(record, b"a second writer")
+    assert record.read_bytes() == b'{"owner": "this build"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".generation.g1"]
