@@ -148,9 +148,11 @@ class TTHostModelRunner:
         return min(wanted, int(psutil.virtual_memory().available * HOST_KV_FRACTION))
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        start = time.perf_counter()
         num_layers = len(self.model.decoder.kv_layout())
         shape = (kv_cache_config.num_blocks, 1, self.cache_config.block_size, 1)
         self.kv_cache = self.model.allocate_kv_cache(shape, KV_DTYPE, num_layers)
+        self.timings["kv_cache"] = time.perf_counter() - start
         logger.info(f"host KV cache: {kv_cache_config.num_blocks} blocks of {self.cache_config.block_size} tokens")
 
     def warm_up(self) -> None:
