@@ -148,11 +148,17 @@ def causal_mask(length: int, window: int | None = None) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Softmax attention of ``[T, heads, d]`` queries over keys/values already matched per head;
-    returns ``[T, heads * d]``."""
-    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(q.shape[0], -1)
+    """Softmax attention of ``[..., T, heads, d]`` queries over ``[..., K, kv_heads, d]`` keys and
+    values; returns ``[..., T, heads * d]``. Each consecutive group of ``heads / kv_heads`` query
+    heads attends with one KV head (GQA, without copying the KV heads per query head). ``mask``
+    ``[..., T, K]``: True where a query may attend a key. Leading dimensions are a batch of
+    sequences (the paged forward attends all of them in one call)."""
+    *lead, length, heads, dim = q.shape
+    kv_heads = k.shape[-2]
+    grouped = q.reshape(*lead, length, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("...qhgd,...khd->...hgqk", grouped, k) * scale
+    scores = scores.masked_fill(~mask[..., None, None, :, :], float("-inf"))
+    return torch.einsum("...hgqk,...khd->...qhgd", scores.softmax(-1), v).reshape(*lead, length, heads * dim)
 
 
 class ReferenceDecoder:

@@ -7,7 +7,8 @@ positions that continue where the cache left off, and keys and values kept in vL
 decoders here reuse the reference forward for everything but attention (weights read back from
 their ttnn tensors per mesh column, norms, MLP, MoE, Gemma's per-layer inputs) and replace
 attention with a paged one: each column writes its KV heads' new keys and values into the
-cache, then attends each sequence's queries over that sequence's cached context.
+cache, then attends the queries of every sequence of the batch in one call, each over its own
+context gathered from the pages through its block table (no Python loop per sequence).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from models.common.heads import column_heads
 from models.common.loader import LoadedModel
 from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm, rope_kind
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
-from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache, position_mask
+from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
 
 # Per layer: (heads, head_dim) of each mesh column's KV cache, or None when the layer reads another's.
 KVLayout = list[list[tuple[int, int]] | None]
@@ -51,7 +52,8 @@ class ServingWeights(CachedWeights):
 
 
 class PagedAttention:
-    """The paged half of attention, shared by the decoders below: write, then attend per sequence."""
+    """The paged half of attention, shared by the decoders below: write, then attend every
+    sequence of the batch at once over its context gathered from the pages."""
 
     w: ServingWeights
     batch: PagedBatch
@@ -60,15 +62,22 @@ class PagedAttention:
     def attend_column(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache_layer: int,
                       column: int, local: list[int], window: int | None, scale: float) -> torch.Tensor:
         """``[N, heads * head_dim]`` attention output of one column's query heads (``local``: the
-        column-local KV head of each query head). ``k``/``v`` None: read only (a KV-shared layer)."""
+        column-local KV head of each query head). ``k``/``v`` None: read only (a KV-shared layer).
+        One :func:`attend` per attention group of the batch (one group for a decode step)."""
         if k is not None:
             self.cache.write(cache_layer, column, k, v, self.batch)
-        out = []
-        for seq in self.batch.sequences:
-            keys, values = self.cache.read(cache_layer, column, seq)
-            mask = position_mask(self.batch.positions[seq.rows], seq.context_len, window)
-            out.append(attend(q[seq.rows], keys[:, local], values[:, local], mask, scale))
-        return torch.cat(out)
+        out = None
+        for group in self.batch.groups:
+            keys, values = self.cache.gather(cache_layer, column, group)
+            if not grouped_heads(local, keys.shape[2]):  # attend pairs consecutive query heads with a KV head
+                keys, values = keys[:, :, local], values[:, :, local]
+            part = group.unpad(attend(group.pad(q), keys, values, group.mask(window), scale))
+            if group.whole:
+                return part
+            if out is None:
+                out = q.new_empty(q.shape[0], part.shape[1])
+            out[group.rows] = part
+        return out
 
     def run(self, batch: PagedBatch, cache: PagedKVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[sequences, vocab]`` logits of each sequence's last new token, or of the flat batch
@@ -176,6 +185,12 @@ class PagedGemma4Decoder(PagedAttention, Gemma4Reference):
                 v = rms_norm(v, 1.0, a.norm_eps)
             out += self.attend_column(q, k, v, self.kv_source[layer], c, list(column.q_to_kv), window, 1.0) @ wo
         return out
+
+
+def grouped_heads(local: list[int], kv_heads: int) -> bool:
+    """Whether query head ``i`` uses KV head ``i // (heads / kv_heads)``, the grouping :func:`attend` assumes."""
+    group = len(local) // kv_heads
+    return group * kv_heads == len(local) and local == [i // group for i in range(len(local))]
 
 
 def paged_decoder(loaded: LoadedModel) -> PagedDecoder | PagedGemma4Decoder:

@@ -10,12 +10,16 @@ keeps, per mesh column, the keys and values of the KV heads that column holds, s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 # One layer's cache: (keys, values) per mesh column; None for a layer that reads another's.
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
+# Padded score elements (per head) below which a batch is never split into attention groups.
+PADDING_FLOOR = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class PagedBatch:
     sequences: tuple[SequenceRows, ...]
     blocks: torch.Tensor  # long [N]: the block each new token's K/V is written to
     offsets: torch.Tensor  # long [N]: its offset in that block
+    block_size: int
 
     @classmethod
     def build(cls, chunks: Sequence[tuple[Sequence[int], int, torch.Tensor]], block_size: int) -> PagedBatch:
@@ -57,20 +62,103 @@ class PagedBatch:
             sequences.append(SequenceRows(slice(start, start + count), table[:needed], first + count))
             start += count
         positions_flat = torch.cat(positions)
-        return cls(torch.cat(tokens), positions_flat, tuple(sequences), torch.cat(blocks), positions_flat % block_size)
+        return cls(torch.cat(tokens), positions_flat, tuple(sequences), torch.cat(blocks), positions_flat % block_size,
+                   block_size)
 
     @property
     def last_rows(self) -> torch.Tensor:
         """The row of each sequence's last new token (the one whose logits sample the next)."""
         return torch.tensor([seq.rows.stop - 1 for seq in self.sequences])
 
+    @cached_property
+    def groups(self) -> tuple[AttentionGroup, ...]:
+        """The sequences attended together, each group in one call (every layer reuses them).
+        One group unless padding every sequence to the longest would cost more than twice the
+        ragged scores (a long prompt among short ones): then groups of similar cost, costliest first."""
+        seqs = list(self.sequences)
+        if _padded_cost(seqs) <= max(2 * _ragged_cost(seqs), PADDING_FLOOR):
+            return (AttentionGroup.build(seqs, self.positions, self.block_size, whole=True),)
+        groups: list[list[SequenceRows]] = []
+        for seq in sorted(seqs, key=lambda s: -_ragged_cost([s])):
+            grown = groups[-1] + [seq] if groups else [seq]
+            if groups and _padded_cost(grown) <= max(2 * _ragged_cost(grown), PADDING_FLOOR):
+                groups[-1] = grown
+            else:
+                groups.append([seq])
+        return tuple(AttentionGroup.build(g, self.positions, self.block_size) for g in groups)
+
+
+def _count(seq: SequenceRows) -> int:
+    return seq.rows.stop - seq.rows.start
+
+
+def _ragged_cost(seqs: Sequence[SequenceRows]) -> int:
+    return sum(_count(s) * s.context_len for s in seqs)
+
+
+def _padded_cost(seqs: Sequence[SequenceRows]) -> int:
+    return len(seqs) * max(_count(s) for s in seqs) * max(s.context_len for s in seqs)
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences attended in one call: their new tokens' queries padded to ``[B, T]`` and their
+    cached context gathered to ``[B, L]`` (``L``: the longest context), addressed through the
+    block tables. Padding never reads a page that was not written (uninitialized memory may hold
+    NaN, which a zero attention weight would not cancel): a padded key slot repeats its
+    sequence's last cached position, and the causal mask hides it; a padded query sits at
+    position 0 (it attends to key 0 and is dropped)."""
+
+    rows: torch.Tensor  # long [n]: the group's rows of the flat batch
+    slots: torch.Tensor  # long [n]: each row's place in the padded [B * T] queries
+    query_positions: torch.Tensor  # long [B, T]
+    key_blocks: torch.Tensor  # long [B, L]: the block of each context position
+    key_offsets: torch.Tensor  # long [B, L]: its offset in that block
+    whole: bool  # the batch's rows in order, unpadded (a decode step): pad and unpad are reshapes
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, seqs: Sequence[SequenceRows], positions: torch.Tensor, block_size: int,
+              whole: bool = False) -> AttentionGroup:
+        counts = [_count(s) for s in seqs]
+        context = torch.tensor([s.context_len for s in seqs])
+        width = max(counts)
+        rows = torch.cat([torch.arange(s.rows.start, s.rows.stop) for s in seqs])
+        slots = torch.cat([torch.arange(i * width, i * width + c) for i, c in enumerate(counts)])
+        query_positions = torch.zeros(len(seqs) * width, dtype=torch.long)
+        query_positions[slots] = positions[rows]
+        keys = torch.arange(int(context.max())).expand(len(seqs), -1).minimum(context[:, None] - 1)
+        tables = pad_sequence([s.block_table for s in seqs], batch_first=True)
+        return cls(rows, slots, query_positions.reshape(len(seqs), width), tables.gather(1, keys // block_size),
+                   keys % block_size, whole and width == 1)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, ...]`` rows of the flat batch -> ``[B, T, ...]``."""
+        batch, width = self.query_positions.shape
+        if self.whole:
+            return x.reshape(batch, width, *x.shape[1:])
+        padded = x.new_zeros(batch * width, *x.shape[1:])
+        padded[self.slots] = x[self.rows]
+        return padded.reshape(batch, width, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` -> the ``[n, ...]`` rows of :attr:`rows`, in their order."""
+        flat = x.reshape(-1, *x.shape[2:])
+        return flat if self.whole else flat[self.slots]
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """``[B, T, L]``: causal by position (which also hides the padded keys), within ``window``."""
+        if window not in self.masks:
+            self.masks[window] = position_mask(self.query_positions, self.key_blocks.shape[1], window)
+        return self.masks[window]
+
 
 def position_mask(query_positions: torch.Tensor, context_len: int, window: int | None) -> torch.Tensor:
-    """``[queries, context_len]`` bool: causal, and within ``window`` tokens when one is given."""
+    """``[..., queries, context_len]`` bool: causal, and within ``window`` tokens when one is given."""
     keys = torch.arange(context_len)
-    mask = keys[None, :] <= query_positions[:, None]
+    mask = keys <= query_positions[..., None]
     if window:
-        mask &= (query_positions[:, None] - keys[None, :]) < window
+        mask &= (query_positions[..., None] - keys) < window
     return mask
 
 
@@ -107,17 +195,13 @@ class PagedKVCache:
         cache_k[batch.blocks, :, batch.offsets] = keys.to(cache_k.dtype)
         cache_v[batch.blocks, :, batch.offsets] = values.to(cache_v.dtype)
 
-    def read(self, layer: int, column: int, sequence: SequenceRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sequence's cached ``[context_len, heads, head_dim]`` keys and values."""
-        return tuple(self._gather(pages, sequence) for pages in self._pages(layer, column))  # type: ignore[return-value]
+    def gather(self, layer: int, column: int, group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's cached ``[B, L, heads, head_dim]`` keys and values, in one index op each."""
+        cache_k, cache_v = self._pages(layer, column)
+        return cache_k[group.key_blocks, :, group.key_offsets], cache_v[group.key_blocks, :, group.key_offsets]
 
     def _pages(self, layer: int, column: int) -> tuple[torch.Tensor, torch.Tensor]:
         columns = self.layers[layer]
         if columns is None:
             raise ValueError(f"layer {layer} keeps no KV cache of its own")
         return columns[column]
-
-    def _gather(self, pages: torch.Tensor, sequence: SequenceRows) -> torch.Tensor:
-        picked = pages[sequence.block_table]  # [blocks, heads, block_size, head_dim]
-        flat = picked.permute(0, 2, 1, 3).reshape(-1, pages.shape[1], pages.shape[3])
-        return flat[: sequence.context_len]
