@@ -41,6 +41,7 @@ class PagedBatch:
     blocks: torch.Tensor  # long [N]: the block each new token's K/V is written to
     offsets: torch.Tensor  # long [N]: its offset in that block
     block_size: int
+    memo: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, chunks: Sequence[tuple[Sequence[int], int, torch.Tensor]], block_size: int) -> PagedBatch:
@@ -69,6 +70,12 @@ class PagedBatch:
     def last_rows(self) -> torch.Tensor:
         """The row of each sequence's last new token (the one whose logits sample the next)."""
         return torch.tensor([seq.rows.stop - 1 for seq in self.sequences])
+
+    def write_rows(self, heads: int) -> torch.Tensor:
+        """``[N * heads]``: the page rows the new tokens' ``[N, heads, head_dim]`` keys go to."""
+        if heads not in self.memo:
+            self.memo[heads] = page_rows(self.blocks[:, None], self.offsets[:, None], heads, self.block_size).reshape(-1)
+        return self.memo[heads]
 
     @cached_property
     def groups(self) -> tuple[AttentionGroup, ...]:
@@ -115,7 +122,8 @@ class AttentionGroup:
     key_blocks: torch.Tensor  # long [B, L]: the block of each context position
     key_offsets: torch.Tensor  # long [B, L]: its offset in that block
     whole: bool  # the batch's rows in order, unpadded (a decode step): pad and unpad are reshapes
-    masks: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    block_size: int
+    memo: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, seqs: Sequence[SequenceRows], positions: torch.Tensor, block_size: int,
@@ -130,7 +138,7 @@ class AttentionGroup:
         keys = torch.arange(int(context.max())).expand(len(seqs), -1).minimum(context[:, None] - 1)
         tables = pad_sequence([s.block_table for s in seqs], batch_first=True)
         return cls(rows, slots, query_positions.reshape(len(seqs), width), tables.gather(1, keys // block_size),
-                   keys % block_size, whole and width == 1)
+                   keys % block_size, whole and width == 1, block_size)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, ...]`` rows of the flat batch -> ``[B, T, ...]``."""
@@ -148,9 +156,24 @@ class AttentionGroup:
 
     def mask(self, window: int | None) -> torch.Tensor:
         """``[B, T, L]``: causal by position (which also hides the padded keys), within ``window``."""
-        if window not in self.masks:
-            self.masks[window] = position_mask(self.query_positions, self.key_blocks.shape[1], window)
-        return self.masks[window]
+        if ("mask", window) not in self.memo:
+            self.memo["mask", window] = position_mask(self.query_positions, self.key_blocks.shape[1], window)
+        return self.memo["mask", window]
+
+    def key_rows(self, heads: int) -> torch.Tensor:
+        """``[B * heads * L]``: the page rows of the context, heads first (the layout attention multiplies in)."""
+        if ("rows", heads) not in self.memo:
+            self.memo["rows", heads] = page_rows(self.key_blocks, self.key_offsets, heads, self.block_size).reshape(-1)
+        return self.memo["rows", heads]
+
+
+def page_rows(blocks: torch.Tensor, offsets: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
+    """``[..., heads, n]`` rows of a ``[num_blocks, heads, block_size, head_dim]`` cache viewed as
+    ``[rows, head_dim]``, for positions at ``blocks`` / ``offsets`` ``[..., n]``: one
+    ``index_select`` then reads or one ``index_copy_`` writes them all (several times faster than
+    indexing the block and offset dimensions around the heads)."""
+    head_rows = torch.arange(heads)[:, None] * block_size
+    return (blocks * heads * block_size + offsets)[..., None, :] + head_rows
 
 
 def position_mask(query_positions: torch.Tensor, context_len: int, window: int | None) -> torch.Tensor:
@@ -191,14 +214,20 @@ class PagedKVCache:
 
     def write(self, layer: int, column: int, keys: torch.Tensor, values: torch.Tensor, batch: PagedBatch) -> None:
         """Store the ``[N, heads, head_dim]`` keys and values of the batch's new tokens."""
-        cache_k, cache_v = self._pages(layer, column)
-        cache_k[batch.blocks, :, batch.offsets] = keys.to(cache_k.dtype)
-        cache_v[batch.blocks, :, batch.offsets] = values.to(cache_v.dtype)
+        for pages, new in zip(self._pages(layer, column), (keys, values)):
+            rows = pages.view(-1, pages.shape[-1])
+            rows.index_copy_(0, batch.write_rows(pages.shape[1]), new.reshape(-1, new.shape[-1]).to(rows.dtype))
 
     def gather(self, layer: int, column: int, group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's cached ``[B, L, heads, head_dim]`` keys and values, in one index op each."""
-        cache_k, cache_v = self._pages(layer, column)
-        return cache_k[group.key_blocks, :, group.key_offsets], cache_v[group.key_blocks, :, group.key_offsets]
+        """The group's cached ``[B, L, heads, head_dim]`` keys and values, one ``index_select``
+        each (views of ``[B, heads, L, head_dim]`` memory, the layout :func:`attend` multiplies)."""
+        batch, length = group.key_blocks.shape
+        out = []
+        for pages in self._pages(layer, column):
+            heads, dim = pages.shape[1], pages.shape[3]
+            rows = pages.view(-1, dim).index_select(0, group.key_rows(heads))
+            out.append(rows.view(batch, heads, length, dim).transpose(1, 2))
+        return out[0], out[1]
 
     def _pages(self, layer: int, column: int) -> tuple[torch.Tensor, torch.Tensor]:
         columns = self.layers[layer]
