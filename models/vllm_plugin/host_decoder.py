@@ -19,8 +19,16 @@ import torch
 
 from models.common.heads import column_heads
 from models.common.loader import LoadedModel
-from models.common.reference import (CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm, rope_kind,
-                                     rope_rotate, rope_tables)
+from models.common.reference import (
+    CachedWeights,
+    ReferenceDecoder,
+    apply_rope,
+    attend,
+    rms_norm,
+    rope_kind,
+    rope_rotate,
+    rope_tables,
+)
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
 from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
 
