@@ -216,7 +216,9 @@ def main() -> int:
     print(f"\n{args.model} ({snapshot.name[:12]}), cache {args.precision}, fp32 compute, {args.threads} torch thread(s), "
           f"{PROMPT_TOKENS}-token prompts, {args.tokens} greedy tokens, median of {args.rounds} rounds\n")
     header = " | ".join(f"{name} tok/s" for name in engines)
-    print(f"| sequences | {header} | batched / transformers | batched / per-sequence | tokens = transformers' |")
+    vllm_names = " / ".join(name.removeprefix("vllm ") for name in engines if name != "transformers")
+    print(f"| sequences | {header} | batched / transformers | batched / per-sequence | "
+          f"sequences whose tokens = transformers' ({vllm_names}) |")
     print("| --- |" + " --- |" * (len(engines) + 3))
     for n in args.sequences:
         row = {name: results[name][n]["decode_tokens_per_s"] for name in engines}
