@@ -129,12 +129,23 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
     """Rotate-half RoPE (the HF checkpoint convention) on ``[T, heads, head_dim]``, cos and sin
     times ``scale`` (LongRoPE); channels past ``2 * len(inv_freq)`` (partial rotary) pass through
     unrotated and unscaled."""
-    rotary = 2 * inv_freq.numel()
-    if rotary < x.shape[-1]:
-        return torch.cat([apply_rope(x[..., :rotary], positions, inv_freq, scale), x[..., rotary:]], dim=-1)
+    return rope_rotate(x, *rope_tables(positions, inv_freq, scale))
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, 1, 2 * len(inv_freq)]`` cos and sin of :func:`apply_rope` (computed once per forward
+    and reused by every layer of the same rotary kind)."""
     angles = positions[:, None].float() * inv_freq[None, :]
     cos, sin = (torch.cat([wave(angles) * scale] * 2, -1)[:, None, :] for wave in (torch.cos, torch.sin))
-    half = x.shape[-1] // 2
+    return cos, sin
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` with its tables already computed."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat([rope_rotate(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
+    half = rotary // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -148,11 +159,21 @@ def causal_mask(length: int, window: int | None = None) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Softmax attention of ``[T, heads, d]`` queries over keys/values already matched per head;
-    returns ``[T, heads * d]``."""
-    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(q.shape[0], -1)
+    """Softmax attention of ``[..., T, heads, d]`` queries over ``[..., K, kv_heads, d]`` keys and
+    values; returns ``[..., T, heads * d]``. Each consecutive group of ``heads / kv_heads`` query
+    heads attends with one KV head (GQA, without copying the KV heads per query head). ``mask``
+    ``[..., T, K]``: True where a query may attend a key. Leading dimensions are a batch of
+    sequences (the paged forward attends all of them in one call)."""
+    *lead, length, heads, dim = q.shape
+    kv_heads = k.shape[-2]
+    group = heads // kv_heads
+    # [..., kv_heads, group * T, d]: one matmul per KV head, over the queries of all its query heads
+    grouped = q.reshape(*lead, length, kv_heads, group, dim).movedim(-4, -2).reshape(*lead, kv_heads, -1, dim)
+    keys, values = k.movedim(-3, -2), v.movedim(-3, -2)  # [..., kv_heads, K, d]
+    scores = (grouped @ keys.transpose(-1, -2)).view(*lead, kv_heads, group, length, -1) * scale
+    scores = scores.masked_fill(~mask[..., None, None, :, :], float("-inf"))
+    out = scores.softmax(-1).view(*lead, kv_heads, group * length, -1) @ values
+    return out.view(*lead, kv_heads, group, length, dim).movedim(-2, -4).reshape(*lead, length, heads * dim)
 
 
 class ReferenceDecoder:

@@ -7,7 +7,8 @@ positions that continue where the cache left off, and keys and values kept in vL
 decoders here reuse the reference forward for everything but attention (weights read back from
 their ttnn tensors per mesh column, norms, MLP, MoE, Gemma's per-layer inputs) and replace
 attention with a paged one: each column writes its KV heads' new keys and values into the
-cache, then attends each sequence's queries over that sequence's cached context.
+cache, then attends the queries of every sequence of the batch in one call, each over its own
+context gathered from the pages through its block table (no Python loop per sequence).
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ import torch
 
 from models.common.heads import column_heads
 from models.common.loader import LoadedModel
-from models.common.reference import CachedWeights, ReferenceDecoder, apply_rope, attend, rms_norm, rope_kind
+from models.common.reference import (
+    CachedWeights,
+    ReferenceDecoder,
+    apply_rope,
+    attend,
+    rms_norm,
+    rope_kind,
+    rope_rotate,
+    rope_tables,
+)
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
-from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache, position_mask
+from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
 
 # Per layer: (heads, head_dim) of each mesh column's KV cache, or None when the layer reads another's.
 KVLayout = list[list[tuple[int, int]] | None]
@@ -51,31 +61,47 @@ class ServingWeights(CachedWeights):
 
 
 class PagedAttention:
-    """The paged half of attention, shared by the decoders below: write, then attend per sequence."""
+    """The paged half of attention, shared by the decoders below: write, then attend every
+    sequence of the batch at once over its context gathered from the pages."""
 
     w: ServingWeights
     batch: PagedBatch
     cache: PagedKVCache
+    _rope_cache: dict[object, tuple[torch.Tensor, torch.Tensor]]  # this forward's RoPE tables, by rotary kind
 
     def attend_column(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache_layer: int,
                       column: int, local: list[int], window: int | None, scale: float) -> torch.Tensor:
         """``[N, heads * head_dim]`` attention output of one column's query heads (``local``: the
-        column-local KV head of each query head). ``k``/``v`` None: read only (a KV-shared layer)."""
+        column-local KV head of each query head). ``k``/``v`` None: read only (a KV-shared layer).
+        One :func:`attend` per attention group of the batch (one group for a decode step)."""
         if k is not None:
             self.cache.write(cache_layer, column, k, v, self.batch)
-        out = []
-        for seq in self.batch.sequences:
-            keys, values = self.cache.read(cache_layer, column, seq)
-            mask = position_mask(self.batch.positions[seq.rows], seq.context_len, window)
-            out.append(attend(q[seq.rows], keys[:, local], values[:, local], mask, scale))
-        return torch.cat(out)
+        out = None
+        for group in self.batch.groups:
+            keys, values = self.cache.gather(cache_layer, column, group)
+            if not grouped_heads(local, keys.shape[2]):  # attend pairs consecutive query heads with a KV head
+                keys, values = keys[:, :, local], values[:, :, local]
+            part = group.unpad(attend(group.pad(q), keys, values, group.mask(window), scale))
+            if group.whole:
+                return part
+            if out is None:
+                out = q.new_empty(q.shape[0], part.shape[1])
+            out[group.rows] = part
+        return out
 
     def run(self, batch: PagedBatch, cache: PagedKVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[sequences, vocab]`` logits of each sequence's last new token, or of the flat batch
         ``rows`` asked for (prompt logprobs need every row of a sequence); the cache is updated."""
-        self.batch, self.cache = batch, cache
+        self.batch, self.cache, self._rope_cache = batch, cache, {}
         hidden = self.hidden_states(batch.tokens)  # type: ignore[attr-defined]
         return self.head(hidden[batch.last_rows if rows is None else rows])
+
+    def rope(self, x: torch.Tensor, kind: object, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """RoPE at the batch's positions; the cos/sin tables of each rotary ``kind`` are computed
+        once per forward, not once per layer."""
+        if kind not in self._rope_cache:
+            self._rope_cache[kind] = rope_tables(self.batch.positions, inv_freq, scale)
+        return rope_rotate(x, *self._rope_cache[kind])
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head (column shards concatenated) and logit soft-capping."""
@@ -126,8 +152,7 @@ class PagedDecoder(PagedAttention, ReferenceDecoder):
         tokens; keys cached earlier keep the factors they were computed with, as in transformers)."""
         positions = self.batch.positions
         if rope_kind(self._rope_params("sliding_attention" if sliding else "full_attention")) != "longrope":
-            inv_freq, rope_scale = self._rotary(sliding, 0)
-            return apply_rope(x, positions, inv_freq, rope_scale)
+            return self.rope(x, sliding, *self._rotary(sliding, 0))
         out = torch.empty_like(x)
         for seq in self.batch.sequences:
             inv_freq, rope_scale = self._rotary(sliding, seq.context_len)
@@ -161,21 +186,27 @@ class PagedGemma4Decoder(PagedAttention, Gemma4Reference):
 
     def attention(self, x: torch.Tensor, layer: int, shared: SharedKV | None = None) -> torch.Tensor:
         a, shape, p = self.args, self.layers[layer], f"layers.{layer}.attention."
-        hd, rows, positions = shape.head_dim, x.shape[0], self.batch.positions
-        inv_freq = self._inv_freq(shape.layer_type, hd)
+        hd, rows = shape.head_dim, x.shape[0]
+        inv_freq, layer_kind = self._inv_freq(shape.layer_type, hd), (shape.layer_type, hd)
         window = self.text_config.get("sliding_window") if shape.sliding else None
         columns = column_heads(a.n_heads, shape.n_kv_heads, self.cols)
         out = torch.zeros_like(x)
         for c, (column, w, wo) in enumerate(zip(columns, self.w.columns(p + shape.fused_name), self.w.columns(p + "wo"))):
             q, *kv = (x @ w).split([len(column.q) * hd] + [len(column.kv) * hd] * self._kv_parts(shape), -1)
-            q = apply_rope(rms_norm(q.reshape(rows, -1, hd), self.w.vector(p + "q_norm"), a.norm_eps), positions, inv_freq)
+            q = self.rope(rms_norm(q.reshape(rows, -1, hd), self.w.vector(p + "q_norm"), a.norm_eps), layer_kind, inv_freq)
             k = v = None
             if not shape.kv_shared:
                 k, v = (t.reshape(rows, -1, hd) for t in (kv[0], kv[-1]))  # k_eq_v: one part, both
-                k = apply_rope(rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps), positions, inv_freq)
+                k = self.rope(rms_norm(k, self.w.vector(p + "k_norm"), a.norm_eps), layer_kind, inv_freq)
                 v = rms_norm(v, 1.0, a.norm_eps)
             out += self.attend_column(q, k, v, self.kv_source[layer], c, list(column.q_to_kv), window, 1.0) @ wo
         return out
+
+
+def grouped_heads(local: list[int], kv_heads: int) -> bool:
+    """Whether query head ``i`` uses KV head ``i // (heads / kv_heads)``, the grouping :func:`attend` assumes."""
+    group = len(local) // kv_heads
+    return group * kv_heads == len(local) and local == [i // group for i in range(len(local))]
 
 
 def paged_decoder(loaded: LoadedModel) -> PagedDecoder | PagedGemma4Decoder:

@@ -10,12 +10,16 @@ keeps, per mesh column, the keys and values of the KV heads that column holds, s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 # One layer's cache: (keys, values) per mesh column; None for a layer that reads another's.
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
+# Padded score elements (per head) below which a batch is never split into attention groups.
+PADDING_FLOOR = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class PagedBatch:
     sequences: tuple[SequenceRows, ...]
     blocks: torch.Tensor  # long [N]: the block each new token's K/V is written to
     offsets: torch.Tensor  # long [N]: its offset in that block
+    block_size: int
+    memo: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, chunks: Sequence[tuple[Sequence[int], int, torch.Tensor]], block_size: int) -> PagedBatch:
@@ -57,20 +63,125 @@ class PagedBatch:
             sequences.append(SequenceRows(slice(start, start + count), table[:needed], first + count))
             start += count
         positions_flat = torch.cat(positions)
-        return cls(torch.cat(tokens), positions_flat, tuple(sequences), torch.cat(blocks), positions_flat % block_size)
+        return cls(torch.cat(tokens), positions_flat, tuple(sequences), torch.cat(blocks), positions_flat % block_size,
+                   block_size)
 
     @property
     def last_rows(self) -> torch.Tensor:
         """The row of each sequence's last new token (the one whose logits sample the next)."""
         return torch.tensor([seq.rows.stop - 1 for seq in self.sequences])
 
+    def write_rows(self, heads: int) -> torch.Tensor:
+        """``[N * heads]``: the page rows the new tokens' ``[N, heads, head_dim]`` keys go to."""
+        if heads not in self.memo:
+            self.memo[heads] = page_rows(self.blocks[:, None], self.offsets[:, None], heads, self.block_size).reshape(-1)
+        return self.memo[heads]
+
+    @cached_property
+    def groups(self) -> tuple[AttentionGroup, ...]:
+        """The sequences attended together, each group in one call (every layer reuses them).
+        One group unless padding every sequence to the longest would cost more than twice the
+        ragged scores (a long prompt among short ones): then groups of similar cost, costliest first."""
+        seqs = list(self.sequences)
+        if _padded_cost(seqs) <= max(2 * _ragged_cost(seqs), PADDING_FLOOR):
+            return (AttentionGroup.build(seqs, self.positions, self.block_size, whole=True),)
+        groups: list[list[SequenceRows]] = []
+        for seq in sorted(seqs, key=lambda s: -_ragged_cost([s])):
+            grown = groups[-1] + [seq] if groups else [seq]
+            if groups and _padded_cost(grown) <= max(2 * _ragged_cost(grown), PADDING_FLOOR):
+                groups[-1] = grown
+            else:
+                groups.append([seq])
+        return tuple(AttentionGroup.build(g, self.positions, self.block_size) for g in groups)
+
+
+def _count(seq: SequenceRows) -> int:
+    return seq.rows.stop - seq.rows.start
+
+
+def _ragged_cost(seqs: Sequence[SequenceRows]) -> int:
+    return sum(_count(s) * s.context_len for s in seqs)
+
+
+def _padded_cost(seqs: Sequence[SequenceRows]) -> int:
+    return len(seqs) * max(_count(s) for s in seqs) * max(s.context_len for s in seqs)
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences attended in one call: their new tokens' queries padded to ``[B, T]`` and their
+    cached context gathered to ``[B, L]`` (``L``: the longest context), addressed through the
+    block tables. Padding never reads a page that was not written (uninitialized memory may hold
+    NaN, which a zero attention weight would not cancel): a padded key slot repeats its
+    sequence's last cached position, and the causal mask hides it; a padded query sits at
+    position 0 (it attends to key 0 and is dropped)."""
+
+    rows: torch.Tensor  # long [n]: the group's rows of the flat batch
+    slots: torch.Tensor  # long [n]: each row's place in the padded [B * T] queries
+    query_positions: torch.Tensor  # long [B, T]
+    key_blocks: torch.Tensor  # long [B, L]: the block of each context position
+    key_offsets: torch.Tensor  # long [B, L]: its offset in that block
+    whole: bool  # the batch's rows in order, unpadded (a decode step): pad and unpad are reshapes
+    block_size: int
+    memo: dict[tuple[str, int | None], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, seqs: Sequence[SequenceRows], positions: torch.Tensor, block_size: int,
+              whole: bool = False) -> AttentionGroup:
+        counts = [_count(s) for s in seqs]
+        context = torch.tensor([s.context_len for s in seqs])
+        width = max(counts)
+        rows = torch.cat([torch.arange(s.rows.start, s.rows.stop) for s in seqs])
+        slots = torch.cat([torch.arange(i * width, i * width + c) for i, c in enumerate(counts)])
+        query_positions = torch.zeros(len(seqs) * width, dtype=torch.long)
+        query_positions[slots] = positions[rows]
+        keys = torch.arange(int(context.max())).expand(len(seqs), -1).minimum(context[:, None] - 1)
+        tables = pad_sequence([s.block_table for s in seqs], batch_first=True)
+        return cls(rows, slots, query_positions.reshape(len(seqs), width), tables.gather(1, keys // block_size),
+                   keys % block_size, whole and width == 1, block_size)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, ...]`` rows of the flat batch -> ``[B, T, ...]``."""
+        batch, width = self.query_positions.shape
+        if self.whole:
+            return x.reshape(batch, width, *x.shape[1:])
+        padded = x.new_zeros(batch * width, *x.shape[1:])
+        padded[self.slots] = x[self.rows]
+        return padded.reshape(batch, width, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` -> the ``[n, ...]`` rows of :attr:`rows`, in their order."""
+        flat = x.reshape(-1, *x.shape[2:])
+        return flat if self.whole else flat[self.slots]
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """``[B, T, L]``: causal by position (which also hides the padded keys), within ``window``."""
+        if ("mask", window) not in self.memo:
+            self.memo["mask", window] = position_mask(self.query_positions, self.key_blocks.shape[1], window)
+        return self.memo["mask", window]
+
+    def key_rows(self, heads: int) -> torch.Tensor:
+        """``[B * heads * L]``: the page rows of the context, heads first (the layout attention multiplies in)."""
+        if ("rows", heads) not in self.memo:
+            self.memo["rows", heads] = page_rows(self.key_blocks, self.key_offsets, heads, self.block_size).reshape(-1)
+        return self.memo["rows", heads]
+
+
+def page_rows(blocks: torch.Tensor, offsets: torch.Tensor, heads: int, block_size: int) -> torch.Tensor:
+    """``[..., heads, n]`` rows of a ``[num_blocks, heads, block_size, head_dim]`` cache viewed as
+    ``[rows, head_dim]``, for positions at ``blocks`` / ``offsets`` ``[..., n]``: one
+    ``index_select`` then reads or one ``index_copy_`` writes them all (several times faster than
+    indexing the block and offset dimensions around the heads)."""
+    head_rows = torch.arange(heads)[:, None] * block_size
+    return (blocks * heads * block_size + offsets)[..., None, :] + head_rows
+
 
 def position_mask(query_positions: torch.Tensor, context_len: int, window: int | None) -> torch.Tensor:
-    """``[queries, context_len]`` bool: causal, and within ``window`` tokens when one is given."""
+    """``[..., queries, context_len]`` bool: causal, and within ``window`` tokens when one is given."""
     keys = torch.arange(context_len)
-    mask = keys[None, :] <= query_positions[:, None]
+    mask = keys <= query_positions[..., None]
     if window:
-        mask &= (query_positions[:, None] - keys[None, :]) < window
+        mask &= (query_positions[..., None] - keys) < window
     return mask
 
 
@@ -103,21 +214,23 @@ class PagedKVCache:
 
     def write(self, layer: int, column: int, keys: torch.Tensor, values: torch.Tensor, batch: PagedBatch) -> None:
         """Store the ``[N, heads, head_dim]`` keys and values of the batch's new tokens."""
-        cache_k, cache_v = self._pages(layer, column)
-        cache_k[batch.blocks, :, batch.offsets] = keys.to(cache_k.dtype)
-        cache_v[batch.blocks, :, batch.offsets] = values.to(cache_v.dtype)
+        for pages, new in zip(self._pages(layer, column), (keys, values)):
+            rows = pages.view(-1, pages.shape[-1])
+            rows.index_copy_(0, batch.write_rows(pages.shape[1]), new.reshape(-1, new.shape[-1]).to(rows.dtype))
 
-    def read(self, layer: int, column: int, sequence: SequenceRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sequence's cached ``[context_len, heads, head_dim]`` keys and values."""
-        return tuple(self._gather(pages, sequence) for pages in self._pages(layer, column))  # type: ignore[return-value]
+    def gather(self, layer: int, column: int, group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's cached ``[B, L, heads, head_dim]`` keys and values, one ``index_select``
+        each (views of ``[B, heads, L, head_dim]`` memory, the layout :func:`attend` multiplies)."""
+        batch, length = group.key_blocks.shape
+        out = []
+        for pages in self._pages(layer, column):
+            heads, dim = pages.shape[1], pages.shape[3]
+            rows = pages.view(-1, dim).index_select(0, group.key_rows(heads))
+            out.append(rows.view(batch, heads, length, dim).transpose(1, 2))
+        return out[0], out[1]
 
     def _pages(self, layer: int, column: int) -> tuple[torch.Tensor, torch.Tensor]:
         columns = self.layers[layer]
         if columns is None:
             raise ValueError(f"layer {layer} keeps no KV cache of its own")
         return columns[column]
-
-    def _gather(self, pages: torch.Tensor, sequence: SequenceRows) -> torch.Tensor:
-        picked = pages[sequence.block_table]  # [blocks, heads, block_size, head_dim]
-        flat = picked.permute(0, 2, 1, 3).reshape(-1, pages.shape[1], pages.shape[3])
-        return flat[: sequence.context_len]
