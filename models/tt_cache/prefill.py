@@ -21,7 +21,7 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from models.common.units import format_bytes, parse_size
 from models.tt_cache.common import EXIT_FAILED, EXIT_OK, CliError, add_command, emit, existing_dir
@@ -96,7 +96,7 @@ def add_prefill_commands(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
     prefill = sub.add_parser("prefill", help="the frozen-backbone prefill cache: ls, verify, gc",
                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = prefill.add_subparsers(dest="prefill_command", required=True, metavar="ls|verify|gc")
-    added: dict[str, Any] = {}
+    added: dict[str, argparse.ArgumentParser] = {}
     for name, run, help_text in (
         ("ls", cmd_ls, "objects, bytes, bytes per sample, size cap, schema versions, legacy entries"),
         ("verify", cmd_verify, "re-hash every object against its manifest"),
