@@ -72,12 +72,18 @@ def column_blocks(shards: Sequence[torch.Tensor], placement: Placement, mesh: Me
     if placement.replicated:
         return [shards[0]] * cols
     if placement.flat_dim is not None:
-        return [torch.cat(list(shards), dim=placement.flat_dim)] * cols
+        return [_join(shards, placement.flat_dim)] * cols
     blocks = []
     for c in range(cols):
         column = [shards[r * cols + c] for r in range(rows)]
-        blocks.append(torch.cat(column, dim=placement.row_dim) if placement.row_dim is not None else column[0])
+        blocks.append(_join(column, placement.row_dim) if placement.row_dim is not None else column[0])
     return blocks
+
+
+def _join(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """``parts`` concatenated along ``dim``; one part as it is (``torch.cat`` would copy it: Gemma 3's
+    640 MiB fp32 LM head, read back on a one-row mesh, twice over)."""
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts), dim=dim)
 
 
 def unshard(shards: Sequence[torch.Tensor], placement: Placement, mesh: MeshShape) -> torch.Tensor:

@@ -13,6 +13,7 @@ context gathered from the pages through its block table (no Python loop per sequ
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 import torch
@@ -29,8 +30,10 @@ from models.common.reference import (
     rope_rotate,
     rope_tables,
 )
+from models.common.sharding import column_blocks
 from models.gemma.gemma4_reference import Gemma4Reference, SharedKV
 from models.vllm_plugin.paged_kv import PagedBatch, PagedKVCache
+from models.vllm_plugin.readback import read_back, read_threads
 
 # Per layer: (heads, head_dim) of each mesh column's KV cache, or None when the layer reads another's.
 KVLayout = list[list[tuple[int, int]] | None]
@@ -56,8 +59,15 @@ class ServingWeights(CachedWeights):
         return super().full(name)
 
     def materialize(self) -> int:
-        """Read every device weight back to fp32 now (instead of on first use); returns its bytes."""
-        return sum(t.nbytes for name in self.loaded.weights for t in self.columns(name))
+        """Read every device weight back to fp32 now (instead of on first use), every weight's
+        blocks spread over one thread a core (:mod:`models.vllm_plugin.readback`); returns its bytes."""
+        loaded = self.loaded
+        with ThreadPoolExecutor(read_threads(), thread_name_prefix="tt-read-back") as pool:
+            pending = {name: read_back(t, pool) for name, t in loaded.weights.items() if name not in self._columns}
+            for name, readings in pending.items():
+                shards = [reading.result() for reading in readings]
+                self._columns[name] = column_blocks(shards, loaded.formats[name].placement, loaded.mesh_shape)
+        return sum(t.nbytes for name in loaded.weights for t in self.columns(name))
 
 
 class PagedAttention:

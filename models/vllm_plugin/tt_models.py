@@ -146,9 +146,10 @@ class TTHostCausalLM:
     def warmup_model_prefill(self, kv_cache: PagedKVCache, enable_trace: bool = False, **kwargs: Any) -> None:
         """Read every weight back from its ttnn tensor now, then run one token through every
         layer in block 0 (vLLM's null block, never handed to a request)."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         nbytes = self.decoder.w.materialize()
         self.timings["materialize"] = time.perf_counter() - start
+        self.timings["materialize_cpu"] = time.process_time() - cpu  # every thread's: wall above it is waiting for a core
         start = time.perf_counter()
         self.prefill_forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), kv_cache, [1])
         self.timings["warmup_forward"] = time.perf_counter() - start

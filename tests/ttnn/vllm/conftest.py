@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
-# test_vllm_*.py start vLLM engines; test_tt_models.py, test_plugin_options.py, test_plugin_inert.py and
-# test_paged_attention.py need no vLLM and run everywhere.
+# test_vllm_*.py start vLLM engines; test_tt_models.py, test_plugin_options.py, test_plugin_inert.py,
+# test_paged_attention.py and test_readback.py need no vLLM and run everywhere.
 collect_ignore_glob = [] if VLLM_INSTALLED else ["test_vllm_*.py"]
 
 if VLLM_INSTALLED:

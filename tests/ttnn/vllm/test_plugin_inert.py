@@ -66,7 +66,8 @@ ids = [line for line in out.getvalue().splitlines() if "::" in line]
 print(json.dumps({"code": int(code), "files": sorted({i.split("::")[0] for i in ids}),
                   "vllm": any(m == "vllm" or m.startswith("vllm.") for m in sys.modules)}))
 """)
-    everywhere = ["test_paged_attention.py", "test_plugin_inert.py", "test_plugin_options.py", "test_tt_models.py"]
+    everywhere = ["test_paged_attention.py", "test_plugin_inert.py", "test_plugin_options.py", "test_readback.py",
+                  "test_tt_models.py"]
     assert result == {"code": 0, "files": [f"tests/ttnn/vllm/{name}" for name in everywhere], "vllm": False}
 
 

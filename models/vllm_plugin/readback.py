@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cached ttnn tensors read back to fp32 torch for the host forward: on every core, each value
+bit-identical to ``ttnn.to_torch(t).float()``.
+
+``ttnn.to_torch`` unpacks a tile tensor on one thread, through two full-size buffers before the
+torch result: Gemma 3's LM head (640 x 262,144 bfloat8_b) takes 1.1 s alone, half of it page
+faults, and in vLLM's engine core, on a shared 2-core host, one thread gets a fraction of a core
+(docs/vllm.md, "Start-up"). Here a tile tensor's packed bytes (ttnn's own host buffer, through
+DLPack: no copy) are decoded block by block of tile rows, the blocks of every weight spread over a
+thread pool (torch releases the GIL), each written once into its place in the result.
+
+Tile bytes, as ttnn stores them: 32 x 32 tiles in row-major order, each four 16 x 16 faces (top
+left, top right, bottom left, bottom right), row-major inside a face. bfloat16 and float32 tiles
+are that permutation of the values. A bfloat8_b tile is 64 shared exponents (one per face row of
+16 values, faces in the same order) then 1,024 bytes of sign and 7-bit mantissa; a value is
+``+-mantissa * 2**(exponent - 133)``. ttnn flushes some values of exponents below 7 to zero and
+turns some of exponent 255 into NaNs; a tensor holding any of those is left to ``ttnn.to_torch``
+(the rule stays ttnn's). ``tests/ttnn/vllm/test_readback.py`` checks every (exponent, byte) pair,
+and real weights on several meshes, against ``ttnn.to_torch``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import ttnn
+
+TILE = 32
+FACE = 16
+BFP8_EXPONENT_BYTES = 64
+BFP8_TILE_BYTES = BFP8_EXPONENT_BYTES + TILE * TILE
+BFP8_EXPONENTS = (7, 254)  # shared exponents whose every value decodes by the formula (else ttnn's rule)
+BLOCK_BYTES = 8 << 20  # fp32 output per task: small enough to spread, large enough to amortise a task
+TILE_DTYPES = {ttnn.DataType.BFLOAT16: torch.bfloat16, ttnn.DataType.FLOAT32: torch.float32}
+_thread_buffers = threading.local()
+_UNIT = torch.complex128  # 16 bytes: a bfloat8_b face row's codes, moved as one element
+_POWERS = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 133).float()  # 2**(exponent - 133)
+
+
+def read_threads() -> int:
+    """One read-back thread per core this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def device_tensors(tensor: ttnn.Tensor) -> list[ttnn.Tensor]:
+    """A host tensor's per-device tensors (itself for one device), in ``host_shards``'s order."""
+    devices = ttnn.get_device_tensors(tensor)
+    return devices if len(devices) > 1 else [tensor]
+
+
+@dataclass
+class Reading:
+    """A shard being read back: its result (filled block by block) and the pool's tasks filling it."""
+
+    tasks: list[Future]
+    values: torch.Tensor | None = None  # None: the one task returns the shard
+
+    def result(self) -> torch.Tensor:
+        done = [task.result() for task in self.tasks]
+        return done[0] if self.values is None else self.values
+
+
+def read_back(tensor: ttnn.Tensor, pool: Executor) -> list[Reading]:
+    """Each device shard of a host ``tensor`` read back to fp32 on ``pool``: the values of
+    ``[ttnn.to_torch(s).float() for s in host_shards(tensor)]``."""
+    return [_read_shard(shard, pool) for shard in device_tensors(tensor)]
+
+
+def _read_shard(shard: ttnn.Tensor, pool: Executor) -> Reading:
+    decode = _tile_decoder(shard)
+    if decode is None:
+        return Reading([pool.submit(lambda: ttnn.to_torch(shard).float())])
+    rows, width, run = decode
+    values = torch.empty(rows * TILE, width)
+    per_task = max(1, BLOCK_BYTES // (width * TILE * 4))
+    tasks = [pool.submit(run, values, first, min(first + per_task, rows)) for first in range(0, rows, per_task)]
+    return Reading(tasks, values.view(tuple(shard.shape)))
+
+
+Decode = Callable[[torch.Tensor, int, int], None]  # (result, first tile row, last): fills those rows
+
+
+def _tile_decoder(shard: ttnn.Tensor) -> tuple[int, int, Decode] | None:
+    """(tile rows, width, block decoder) of a tile tensor this module decodes, or
+    None for ttnn's own read-back (row-major, padded, other dtypes or tiles, flushed exponents)."""
+    tile = shard.tile
+    if shard.layout != ttnn.TILE_LAYOUT or list(tile.tile_shape) != [TILE, TILE] or list(tile.face_shape) != [FACE, FACE]:
+        return None
+    shape, padded = tuple(shard.shape), tuple(shard.padded_shape)
+    if shape != padded or len(shape) < 2:
+        return None
+    width = shape[-1]
+    rows = shard.logical_volume() // (width * TILE)
+    raw = torch.from_dlpack(shard.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0)))
+    if shard.dtype in TILE_DTYPES:
+        dtype = TILE_DTYPES[shard.dtype]
+        itemsize = dtype.itemsize
+        return (rows, width, _detile(raw, itemsize, dtype)) if raw.numel() == rows * TILE * width * itemsize else None
+    if shard.dtype != ttnn.DataType.BFLOAT8_B or raw.numel() != rows * (width // TILE) * BFP8_TILE_BYTES:
+        return None
+    return (rows, width, _decode_bfp8(raw)) if _bfp8_by_formula(raw) else None
+
+
+@lru_cache(maxsize=64)
+def _face_rows(count: int, columns: int, tile_units: int, header_units: int) -> torch.Tensor:
+    """Where each face row of ``count`` tile rows of ``columns`` tiles sits in tile order, listed in
+    row order (tile row, face row, row, tile, face column); in units of one face row."""
+    tile_row, face_row, row, tile, face_column = torch.meshgrid(
+        *(torch.arange(n) for n in (count, 2, FACE, columns, 2)), indexing="ij")
+    return ((tile_row * columns + tile) * tile_units + header_units + (face_row * 2 + face_column) * FACE + row).reshape(-1)
+
+
+def _in_row_order(raw: torch.Tensor, count: int, columns: int, itemsize: int, header_bytes: int = 0) -> torch.Tensor:
+    """The face rows of ``count`` tile rows (``raw``: their bytes) gathered into row order, each
+    moved whole (16 bytes a unit): ``[count * 32, columns * 32 * itemsize]`` bytes."""
+    unit = FACE * itemsize // _UNIT.itemsize
+    tile_units = (header_bytes + TILE * TILE * itemsize) // (FACE * itemsize)
+    units = raw.view(_UNIT).view(-1, unit)
+    index = _face_rows(count, columns, tile_units, header_bytes // (FACE * itemsize))
+    gathered = _scratch(0, index.numel() * unit * _UNIT.itemsize).view(_UNIT).view(-1, unit)
+    return torch.index_select(units, 0, index, out=gathered).view(torch.uint8).view(count * TILE, -1)
+
+
+def _scratch(slot: int, nbytes: int) -> torch.Tensor:
+    """This thread's byte buffer ``slot``, reused from block to block: fresh memory costs a page
+    fault every 4 KiB, and the allocator hands blocks of this size back to the system when freed."""
+    buffers = _thread_buffers.__dict__.setdefault("buffers", {})
+    if slot not in buffers or buffers[slot].numel() < nbytes:
+        buffers[slot] = torch.empty(nbytes, dtype=torch.uint8)
+    return buffers[slot][:nbytes]
+
+
+def _detile(raw: torch.Tensor, itemsize: int, dtype: torch.dtype) -> Decode:
+    def run(out: torch.Tensor, first: int, last: int) -> None:
+        """Tile rows ``[first, last)`` of a bfloat16 / float32 tile tensor into ``out``: a permutation."""
+        columns = out.shape[1] // TILE
+        size = columns * TILE * TILE * itemsize
+        rows = _in_row_order(raw[first * size:last * size], last - first, columns, itemsize)
+        out[first * TILE:last * TILE].copy_(rows.view(dtype))
+    return run
+
+
+def _bfp8_by_formula(raw: torch.Tensor) -> bool:
+    """Whether every value of a bfloat8_b tensor decodes by the formula: no face row with an
+    exponent outside ``BFP8_EXPONENTS`` holds a nonzero mantissa."""
+    tiles = raw.view(-1, BFP8_TILE_BYTES)
+    exponents = tiles[:, :BFP8_EXPONENT_BYTES]
+    odd = (exponents < BFP8_EXPONENTS[0]) | (exponents > BFP8_EXPONENTS[1])
+    if not bool(odd.any()):
+        return True
+    mantissas = tiles[:, BFP8_EXPONENT_BYTES:].reshape(-1, 4 * FACE, FACE)
+    return not bool((mantissas[odd] & 0x7F).any())
+
+
+def _decode_bfp8(raw: torch.Tensor) -> Decode:
+    def run(out: torch.Tensor, first: int, last: int) -> None:
+        """Tile rows ``[first, last)`` of a bfloat8_b tile tensor into ``out``: the sign-and-mantissa
+        bytes put in row order first (a byte a value), made two's complement, widened, scaled."""
+        count, columns = last - first, out.shape[1] // TILE
+        tiles = raw[first * columns * BFP8_TILE_BYTES:last * columns * BFP8_TILE_BYTES]
+        codes = _in_row_order(tiles, count, columns, 1, BFP8_EXPONENT_BYTES)
+        exponents = tiles.view(count, columns, BFP8_TILE_BYTES)[:, :, :BFP8_EXPONENT_BYTES]
+        exponents = exponents.reshape(count, columns, 2, 2, FACE).permute(0, 2, 4, 1, 3).reshape(-1)
+        negative_zero = _holds_sign_only(codes)
+        negative = torch.bitwise_right_shift(codes.view(torch.int8), 7, out=_scratch(1, codes.numel()).view(torch.int8))
+        # negative: -1 where the sign bit is set, else 0
+        signed = codes.bitwise_and_(0x7F).view(torch.int8).bitwise_xor_(negative).sub_(negative)
+        rows = out[first * TILE:last * TILE]
+        rows.copy_(signed)
+        scale = torch.index_select(_POWERS, 0, exponents.int())  # one a face row, in row order
+        rows.view(-1, FACE).mul_(scale.unsqueeze(-1))
+        if negative_zero:  # ttnn reads the code 0x80 as -0.0; two's complement has no -0
+            rows.masked_fill_((negative < 0) & (signed == 0), -0.0)
+    return run
+
+
+def _holds_sign_only(codes: torch.Tensor) -> bool:
+    """Whether any code is 0x80 (a sign and a zero mantissa): the one byte that is -128 as int8."""
+    return int(codes.view(torch.int8).min()) == -128
