@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Distributed seeding on a real local Ray instance (2 workers): bit-identical to a single-process
-seed, several variants in one job, a failed variant left cold, and a worker SIGKILLed mid-task."""
+seed, several variants in one job, a failed variant left cold, and a worker SIGKILLed mid-task
+(one worker in the short form)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -19,7 +20,7 @@ import pytest
 
 from models.common.weight_cache import verify_weight_cache
 from models.registry import loader_class
-from models.testing.llama_shaped import make_in_child
+from models.testing.llama_shaped import make_in_child, make_llama_shaped
 from models.testing.seed_child import REPO_ROOT, assert_same_cache, child_env, run_seed_child
 from models.testing.tiny_models import make_checkpoint
 
@@ -65,16 +66,13 @@ def test_ray_seed_of_several_variants_matches_single_process_seeds_and_a_failed_
         assert verify_weight_cache(ray_dir, single.build_variant) == []
 
 
-@pytest.fixture
-def llama_06(tmp_path) -> Iterator[Path]:
-    directory = make_in_child(tmp_path / "llama-0.6gb", 4)
-    yield directory
-    shutil.rmtree(directory)
-
-
-def test_ray_worker_killed_mid_task_is_retried_and_the_seed_ends_warm_and_identical(llama_06, tmp_path):
-    driver = ray_child(2, tmp_path / "ray", f"{llama_06},bfloat8_b,1x1")
-    victim, title = None, ""
+def kill_a_worker_mid_task(workers: int, checkpoint: Path, cache_root: Path,
+                           while_waiting: Callable[[], None] = lambda: None) -> dict:
+    """Seed ``checkpoint`` (bfloat8_b) on Ray and SIGKILL the first worker seen running a task, 0.3 s
+    into it; return the driver's report. ``while_waiting`` runs while Ray starts."""
+    driver = ray_child(workers, cache_root, f"{checkpoint},bfloat8_b,1x1")
+    while_waiting()
+    victim = None
     deadline = time.monotonic() + 300
     while victim is None and driver.poll() is None and time.monotonic() < deadline:
         for proc in psutil.Process(driver.pid).children(recursive=True):
@@ -92,12 +90,44 @@ def test_ray_worker_killed_mid_task_is_retried_and_the_seed_ends_warm_and_identi
     os.kill(victim.pid, signal.SIGKILL)
     report = report_of(driver)
     assert still_running, "the worker had finished its task before the kill: nothing was tested"
+    return report
+
+
+def assert_warm_and_identical(report: dict, reference: Path, checkpoint: Path) -> None:
+    """The Ray seed finished, holds what a single-process seed wrote, and left one generation."""
     assert report["error"] is None and report["jobs"][0]["complete"]
-    rc, single, err = run_seed_child("seed", llama_06, tmp_path / "single", precision="bfloat8_b")
-    assert rc == 0 and single["complete"], err
     ray_dir = Path(report["jobs"][0]["cache_dir"])
-    variant = loader_class("llama")(llama_06, precision="bfloat8_b").build_variant
-    assert_same_cache(Path(single["cache_dir"]), ray_dir, variant)
+    variant = loader_class("llama")(checkpoint, precision="bfloat8_b").build_variant
+    assert_same_cache(reference, ray_dir, variant)
     assert verify_weight_cache(ray_dir, variant) == []
     generations = [p.name for p in ray_dir.iterdir() if p.is_dir()]
     assert len(generations) == 1, f"old or failed generations left behind: {generations}"
+
+
+def test_ray_worker_killed_mid_task_is_retried_and_the_seed_ends_warm_and_identical(tmp_path):
+    """The short form: one worker (each worker process imports torch and ttnn), a one-layer Llama
+    shape (0.34 GB) made in this process, and its single-process reference seeded here while Ray
+    starts: about one Ray start, one worker and its replacement."""
+    checkpoint = make_llama_shaped(tmp_path / "llama-1-layer", 1)
+    reference = loader_class("llama")(checkpoint, precision="bfloat8_b", cache_root=tmp_path / "single")
+    seeded = []
+    report = kill_a_worker_mid_task(1, checkpoint, tmp_path / "ray", lambda: seeded.append(reference.seed()))
+    assert seeded[0].complete
+    assert_warm_and_identical(report, reference.cache_dir, checkpoint)
+
+
+@pytest.fixture
+def llama_06(tmp_path) -> Iterator[Path]:
+    directory = make_in_child(tmp_path / "llama-0.6gb", 4)
+    yield directory
+    shutil.rmtree(directory)
+
+
+@pytest.mark.slow  # 35-82 s: the short form above keeps the case in the default suite
+def test_ray_worker_killed_mid_task_of_two_is_retried_on_a_06_gb_llama_shape(llama_06, tmp_path):
+    """The long form: two workers (the other keeps converting), four layers (longer parts), the
+    reference seeded in its own process."""
+    report = kill_a_worker_mid_task(2, llama_06, tmp_path / "ray")
+    rc, single, err = run_seed_child("seed", llama_06, tmp_path / "single", precision="bfloat8_b")
+    assert rc == 0 and single["complete"], err
+    assert_warm_and_identical(report, Path(single["cache_dir"]), llama_06)
