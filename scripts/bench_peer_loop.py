@@ -40,6 +40,8 @@ import json, os, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
+from models.common.measure import peak_rss_mib
+IMPORT_PEAK_MIB = peak_rss_mib()
 from models.common.checkpoint import read_config, resolve_checkpoint_dir
 from models.common.safetensors_file import CheckpointReader
 from models.common.conversion import LazyStateDict, WeightSink
@@ -90,6 +92,7 @@ elif case == "seed":
     seeded = loader.seed()
     assert not seeded.warm and seeded.complete
     result = {"seconds": time.perf_counter() - t0, "weights": seeded.files}
+result |= {"peak_mib": peak_rss_mib(), "import_peak_mib": IMPORT_PEAK_MIB}
 print("RESULT " + json.dumps(result), flush=True)
 """
 

@@ -37,16 +37,21 @@ from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E4
 MODES = {"cold load()": "load", "stream": "seed", "ray 1": "ray:1", "ray 2": "ray:2"}
 
 
-def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: bool = False) -> dict:
+def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: bool = False, mesh: str = "1x1",
+        workers: int | None = None) -> dict:
     """One way of seeding in a fresh process (``models.testing.seed_child``) into an empty
-    ``cache_root``, checkpoint pages warmed first; its report. ``keep`` leaves the cache built."""
+    ``cache_root``, checkpoint pages warmed first; its report. ``keep`` leaves the cache built;
+    ``workers``: its conversion workers (default: the loader's)."""
     shutil.rmtree(cache_root, ignore_errors=True)
     files = sorted(str(f.resolve()) for f in Path(checkpoint).glob("*.safetensors"))
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    env.pop("TT_CONVERT_WORKERS", None)
+    if workers is not None:
+        env["TT_CONVERT_WORKERS"] = str(workers)
     proc = subprocess.run([sys.executable, "-m", "models.testing.seed_child", mode, str(checkpoint), precision,
-                           str(cache_root)], cwd=REPO, env=env, capture_output=True, text=True)
+                           str(cache_root), mesh], cwd=REPO, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -15,7 +15,7 @@ raises), never silently.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ import torch
 import ttnn
 
 from models.common.checkpoint import CheckpointError, KeyRule
-from models.common.conversion import WeightSink
+from models.common.conversion import LazyStateDict, WeightSink
 from models.common.model_args import ModelArgs
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.placeholders import placeholder
@@ -152,46 +152,61 @@ def partition(plan: Sequence[PlannedWeight], parts: int) -> list[list[str]]:
     return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
-class PartState(_SpecView):
+class PartState(LazyStateDict):
     """The checkpoint as a worker of a partitioned build sees it: real tensors inside the units
-    holding one of its own weights, placeholders otherwise."""
+    it converts, placeholders otherwise (a streaming state: it releases what it read)."""
 
-    def __init__(self, lazy: Any, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
-        self._lazy = lazy
-        self._specs = specs
+    def __init__(self, reader: CheckpointReader) -> None:
+        super().__init__(reader)
+        self._specs = {key: reader.spec(key) for key in reader.keys()}
         self.real = False
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if self.real:
-            return self._lazy[key]
-        shape, dtype = self._specs[key]
-        return placeholder(shape, dtype)
+            return super().__getitem__(key)
+        if key not in self._specs:
+            raise CheckpointError(f"checkpoint has no tensor for {key!r}")
+        return placeholder(*self._specs[key])
 
 
 class PartSink(WeightSink):
-    """Converts only the weights named in ``mine``, checking that ``convert`` puts the plan's
-    weights in the plan's order (a build that is not deterministic cannot be split)."""
+    """Converts only the weights of the units it ``owns`` (asked once per unit, when ``convert``
+    reaches it: a fixed share, or the first worker to arrive), checking that ``convert`` puts the
+    plan's weights in the plan's order (a build that is not deterministic cannot be split)."""
 
-    def __init__(self, cache: Any, state: PartState, plan: Sequence[PlannedWeight], mine: set[str],
+    def __init__(self, cache: Any, state: PartState, plan: Sequence[PlannedWeight], owns: Callable[[int], bool],
                  after_put: Any = None) -> None:
         super().__init__(cache, state, [], keep=False, after_put=after_put)
         self._order = [w.name for w in plan]
         self._units = [w.unit for w in plan]
-        self._mine = mine
-        self._real_units = {w.unit for w in plan if w.name in mine}
+        self._owns = owns
+        self._owned: dict[int, bool] = {}
         self._next = 0
         self.done: list[str] = []
         self._arm()
 
+    def _owner(self, index: int) -> bool:
+        unit = self._units[index]
+        if unit not in self._owned:
+            self._owned[unit] = self._owns(unit)
+        return self._owned[unit]
+
     def _arm(self) -> None:
-        self.state.real = self._next < len(self._order) and self._units[self._next] in self._real_units
+        self.state.real = self._next < len(self._order) and self._owner(self._next)
 
     def put(self, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> None:
         expected = self._order[self._next] if self._next < len(self._order) else None
         if name != expected:
             raise RuntimeError(f"convert put {name!r} where the plan has {expected!r}: the build is not deterministic")
+        mine = self._owner(self._next)
         self._next += 1
-        if name in self._mine:
+        if mine:
             super().put(name, tensor, fmt)
             self.done.append(name)
         self._arm()
+
+
+def units_of(plan: Sequence[PlannedWeight], names: Iterable[str]) -> set[int]:
+    """The units holding these weights (a task's share of a partitioned build)."""
+    names = set(names)
+    return {w.unit for w in plan if w.name in names}

@@ -51,6 +51,15 @@ class LazyStateDict(Mapping):
         """The tensors read since the last release (those the weight being put was made from)."""
         return self._reader.recent_keys()
 
+    def map_view(self, view: torch.Tensor) -> None:
+        """Map the pages under ``view``, a chunk of a large weight about to be converted."""
+        self._reader.map_view(view)
+
+    def release_view(self, view: torch.Tensor) -> None:
+        """Drop the pages under ``view``, a chunk just converted (a large weight, written block by
+        block); a view of anything but the checkpoint is left alone."""
+        self._reader.release_view(view)
+
     def release_now(self, keep: Iterable[str] = ()) -> None:
         """Drop them now (a large weight's bytes were just copied into tiles)."""
         self._reader.release_read_now(keep)
@@ -92,7 +101,8 @@ class WeightSink:
         if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
         streaming = not self.keep and isinstance(self.state, LazyStateDict)  # a streaming seed: memory flat
-        converted = self._cache.as_tensor(name, tensor, fmt, release_source=self._release_large if streaming else None)
+        converted = self._cache.as_tensor(name, tensor, fmt, release_source=self._release_large if streaming else None,
+                                          pages=self.state if streaming else None)
         self.formats[name] = fmt
         if self.keep:
             self.weights[name] = converted

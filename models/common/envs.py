@@ -76,6 +76,9 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "TT_TRANSFORMERS_FORCE_MODEL_LOAD": EnvVar(
         _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
         "1/true/yes: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
+    "TT_CONVERT_WORKERS": EnvVar(
+        _text("TT_CONVERT_WORKERS", ""),
+        "threads converting a cold build's weights (default: one per CPU; 1: one; loaders also take workers=)"),
     "TT_PREFETCH_THREADS": EnvVar(
         _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 4; 0: off)"),
     "TT_USER_STATE": EnvVar(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +44,7 @@ from loguru import logger
 from models.common.build_plan import plan_weights
 from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
+from models.common.convert_workers import convert_in_workers, convert_workers
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
@@ -120,12 +122,14 @@ class _WriteCounter:
         self.progress = progress
         self.files = 0
         self.bytes = 0
+        self._lock = threading.Lock()  # conversion workers report from their own threads
 
     def __call__(self, name: str, nbytes: int) -> None:
-        self.files += 1
-        self.bytes += nbytes
-        if self.progress is not None:
-            self.progress.weight_done(name, nbytes)
+        with self._lock:
+            self.files += 1
+            self.bytes += nbytes
+            if self.progress is not None:
+                self.progress.weight_done(name, nbytes)
 
 
 class WeightLoader(ABC):
@@ -149,11 +153,14 @@ class WeightLoader(ABC):
         force_env: str | None = DEFAULT_FORCE_ENV,
         cache_dir: str | os.PathLike | None = None,
         prefetch: int | None = None,
+        workers: int | None = None,
     ) -> None:
         """``force``: build cold even when the cache is warm (default: ``$TT_TRANSFORMERS_FORCE_MODEL_LOAD``,
         read from ``force_env``). ``cache_dir``: this exact directory instead of one under
         ``cache_root`` (still checked to be this checkpoint's). ``prefetch``: threads reading a warm
-        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off)."""
+        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off). ``workers``: threads
+        converting a cold build that streams (a seed, a cold load on the host; default
+        ``$TT_CONVERT_WORKERS``, else one per CPU; see :mod:`models.common.convert_workers`)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
@@ -175,6 +182,7 @@ class WeightLoader(ABC):
                                     Path(cache_dir) if cache_dir is not None else None)
         self.checkpoint_dir = self.request.checkpoint_dir
         self.prefetch = prefetch_threads(prefetch)
+        self.workers = convert_workers(workers)
 
     # -- what a family provides -------------------------------------------------------------
 
@@ -352,6 +360,7 @@ class WeightLoader(ABC):
             root = None
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
         stream = stream or (stream_if_cached and root is not None)
+        parallel = stream and root is not None and self.workers > 1 and self.mesh_device is None
         with TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
                          max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written) as cache:
             sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
@@ -359,20 +368,26 @@ class WeightLoader(ABC):
             if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
                 sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
-                self.convert(sink, args)
+                if parallel:
+                    workers = convert_in_workers(self, args, root, self.workers, max_pending_bytes=STREAM_PENDING_BYTES,
+                                                 on_written=on_written)
+                else:
+                    self.convert(sink, args)
             convert_seconds = time.perf_counter() - start
             cache.finish()
-        cached = root is not None and not cache.write_errors
+        files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
+            (cache.files, cache.write_errors)
+        cached = root is not None and not write_errors
         if cached:
-            cached = self._commit(transaction, args, state, sink.host, cache.files, sidecar)
+            cached = self._commit(transaction, args, state, sink.host, files, sidecar)
         elif root is not None:
-            logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold ({cache.write_errors[0]})")
+            logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold ({write_errors[0]})")
         reader.close()
         seconds = time.perf_counter() - start
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
         timings = {"convert": convert_seconds, "from_torch": cache.convert_seconds, "writer_wait": cache.wait_seconds,
                    "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
-                   **transaction.timings}
+                   **(workers.timings if parallel else {}), **transaction.timings}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings, cached=cached, streamed=stream_if_cached and stream)
 

@@ -8,6 +8,7 @@ business. The transformers model object is never built just to read weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
@@ -47,28 +48,39 @@ _SAFETENSORS_DTYPES = {
 
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+# Tensors from this size are left to fault in as read: a streaming build converts them a chunk at a
+# time and drops each chunk's pages (tensor_cache.STREAM_BLOCKS_FROM), so mapping all at once would
+# hold the whole tensor.
+POPULATE_BELOW_BYTES = 64 << 20
 _DTYPE_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+
+
+def safetensors_header(specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> tuple[bytes, dict[str, int]]:
+    """The bytes a safetensors file starts with for tensors of these shapes and dtypes (the data in
+    name order, 8-byte aligned), and each tensor's data offset after them."""
+    header: dict[str, Any] = {}
+    offsets: dict[str, int] = {}
+    offset = 0
+    for name in sorted(specs):
+        shape, dtype = specs[name]
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offsets[name] = offset
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(raw)) + raw, offsets
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
     """Write ``tensors`` in the format :class:`SafetensorsFile` reads (the ``safetensors``
     package reads it too), straight from each tensor's memory: no staging copy, and tensors that
     share storage (tied weights, views of one mapped file) are simply written twice."""
-    names = sorted(tensors)
-    header: dict[str, Any] = {}
-    offset = 0
-    for name in names:
-        tensor = tensors[name]
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    header, _ = safetensors_header({name: (tensor.shape, tensor.dtype) for name, tensor in tensors.items()})
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        write_all(fd, struct.pack("<Q", len(raw)) + raw)
-        for name in names:
+        write_all(fd, header)
+        for name in sorted(tensors):
             tensor = tensors[name].detach().cpu().contiguous()
             if tensor.numel():
                 write_all(fd, tensor.reshape(-1).view(torch.uint8).numpy())
@@ -97,6 +109,7 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: the safetensors header is not a JSON object")
         header.pop("__metadata__", None)
         self._base = 8 + length
+        self._address: int | None = None  # where the mapping starts in memory, once asked
         self._entries = {name: self._entry(name, info, size - self._base) for name, info in header.items()}
 
     def _open(self) -> tuple[Any, int, int]:
@@ -142,6 +155,38 @@ class SafetensorsFile:
             self._populate(self._base + begin, count * dtype.itemsize)
         flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(shape)
+
+    def _span(self, view: torch.Tensor) -> tuple[int, int] | None:
+        """The page-aligned byte range of the mapping under ``view``, or None if it is not in it."""
+        if self._mmap is None or view.numel() == 0 or min(view.stride(), default=0) < 0:
+            return None
+        if self._address is None:
+            self._address = torch.frombuffer(self._mmap, dtype=torch.uint8, count=1).data_ptr()
+        first = view.data_ptr() - self._address
+        span = sum((size - 1) * stride for size, stride in zip(view.shape, view.stride(), strict=True))
+        end = first + (span + 1) * view.element_size()
+        if first < 0 or end > len(self._mmap):
+            return None
+        start = first - first % mmap.PAGESIZE
+        return start, end - start
+
+    def map_view(self, view: torch.Tensor) -> bool:
+        """Map the pages under ``view`` now (:meth:`_populate`); False if ``view`` is not in this file."""
+        span = self._span(view)
+        if span is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._mmap.madvise(_MADV_POPULATE_READ, *span)
+        return span is not None
+
+    def release_view(self, view: torch.Tensor) -> bool:
+        """Drop from this process the pages under ``view`` (a chunk of a tensor of this file, just
+        converted); False if ``view`` is not in this file. The page cache keeps them, and a later
+        touch maps them again (the mapping is private and unmodified)."""
+        span = self._span(view)
+        if span is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._mmap.madvise(mmap.MADV_DONTNEED, *span)
+        return span is not None
 
     def release(self, name: str) -> None:
         """Drop ``name``'s pages from this process and from the page cache (a streaming seed reads
@@ -209,7 +254,16 @@ class CheckpointReader:
             self._release_now()
         self._read.append(key)
         self._recent.append(key)
-        return self._open[file].tensor(name, populate=True)
+        shape, dtype = self._open[file].spec(name)
+        return self._open[file].tensor(name, populate=math.prod(shape) * dtype.itemsize < POPULATE_BELOW_BYTES)
+
+    def map_view(self, view: torch.Tensor) -> None:
+        """Map the pages under ``view``, a chunk of a tensor read here, about to be converted."""
+        any(opened.map_view(view) for opened in self._open.values())
+
+    def release_view(self, view: torch.Tensor) -> None:
+        """Drop the pages under ``view``, a chunk of a tensor read here (see :meth:`SafetensorsFile.release_view`)."""
+        any(opened.release_view(view) for opened in self._open.values())
 
     def release_read(self, keep: Iterable[str] = ()) -> None:
         """Release the pages of every tensor read so far but those in ``keep`` when the next read

@@ -86,18 +86,16 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
 
     ensure_host_cluster()
     return_freed_buffers()
-    from models.common.build_plan import PartSink, PartState
-    from models.common.conversion import LazyStateDict
+    from models.common.build_plan import PartSink, PartState, units_of
     from models.common.weight_cache.tensor_cache import TensorCache, conversion_threads
 
     loader = spec.make()
     args = loader.make_args(loader.model_config(), loader.num_layers)
     plan = plan_weights(loader, args)
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
-    lazy = LazyStateDict(reader)
-    state = PartState(lazy, {key: reader.spec(key) for key in reader.keys()})
+    state = PartState(reader)
     with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES) as cache:
-        sink = PartSink(cache, state, plan, set(names), after_put=lambda _: lazy.release_read())
+        sink = PartSink(cache, state, plan, units_of(plan, names).__contains__)
         with conversion_threads():
             loader.convert(sink, args)
         written = cache.finish()

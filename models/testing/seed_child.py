@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A seeding process for tests: ``python -m models.testing.seed_child MODE CHECKPOINT PRECISION CACHE_ROOT``.
+"""A seeding process for tests: ``python -m models.testing.seed_child MODE CHECKPOINT PRECISION CACHE_ROOT [MESH]``.
 
 MODE ``seed`` (``WeightLoader.seed()``), ``load`` (a cold ``load()``: streamed, then read back)
-or ``ray:N`` (:func:`models.seeding.ray_seed.seed_on_ray` with N local workers). Prints one line
+or ``ray:N`` (:func:`models.seeding.ray_seed.seed_on_ray` with N local workers); MESH defaults to
+``1x1``, conversion workers to ``$TT_CONVERT_WORKERS`` as for any load. Prints one line
 ``SEED_REPORT {json}`` with the process's own peak RSS (``VmHWM``) after imports and at the end."""
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     report |= {"seconds": time.perf_counter() - start, "import_peak": baseline, "peak": peak_rss_bytes(),
-               "cache_dir": str(loader.cache_dir)}
+               "cache_dir": str(loader.cache_dir), "workers": loader.workers}
     print("SEED_REPORT " + json.dumps(report), flush=True)
 
 
@@ -87,15 +88,24 @@ def assert_same_cache(a: Path, b: Path, build_variant: dict) -> None:
 def child_env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
+    env.pop("TT_CONVERT_WORKERS", None)
     return env
 
 
+def seed_command(mode: str, checkpoint: Path, cache_root: Path, precision: str = "bfloat16",
+                 mesh: str = "1x1") -> list[str]:
+    return [sys.executable, "-m", "models.testing.seed_child", mode, str(checkpoint), precision, str(cache_root), mesh]
+
+
 def run_seed_child(mode: str, checkpoint: Path, cache_root: Path, limit: int | None = None,
-                   precision: str = "bfloat16") -> tuple[int, dict | None, str]:
-    """Run this module as a child (``limit``: inside a memory cgroup of that many bytes); return
-    its exit status, its report (None if it printed none) and the tail of its stderr."""
-    command = [sys.executable, "-m", "models.testing.seed_child", mode, str(checkpoint), precision, str(cache_root)]
-    kwargs = dict(cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+                   precision: str = "bfloat16", mesh: str = "1x1",
+                   workers: int | None = None) -> tuple[int, dict | None, str]:
+    """Run this module as a child (``limit``: inside a memory cgroup of that many bytes; ``workers``:
+    its conversion workers, else the default); return its exit status, its report (None if it
+    printed none) and the tail of its stderr."""
+    command = seed_command(mode, checkpoint, cache_root, precision, mesh)
+    env = child_env() | ({"TT_CONVERT_WORKERS": str(workers)} if workers is not None else {})
+    kwargs = dict(cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     proc = run_limited(command, limit, **kwargs) if limit else subprocess.run(command, **kwargs)
     reports = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
     return proc.returncode, json.loads(reports[-1].split(" ", 1)[1]) if reports else None, proc.stderr[-3000:]

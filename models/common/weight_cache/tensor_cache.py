@@ -31,13 +31,14 @@ import torch
 import ttnn
 from loguru import logger
 
-from models.common.fileio import atomic_output, fsync_dir, fsync_file
+from models.common.fileio import atomic_output, fsync_dir, fsync_file, publish, unique_temp_path, writing_into
 from models.common.mesh import MeshShape, Placement, shard_shape
 from models.common.sharding import shard
 from models.common.weight_cache.layout import PRECISIONS as PRECISION_NAMES
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.placeholders import is_placeholder_tensor
 from models.common.weight_cache.stamps import FileStamp
+from models.common.weight_cache.tensorbin import SourcePages, TensorbinError, check_written, streamable, write_blocks
 from models.common.weight_cache.verified_open import open_verified
 
 PRECISIONS: dict[str, Any] = {name: getattr(ttnn, name) for name in PRECISION_NAMES}  # name -> ttnn dtype
@@ -74,6 +75,7 @@ def tensorbin_name(name: str, fmt: TensorFormat) -> str:
 
 BLOCK_FLOATS = frozenset({"BFLOAT8_B", "BFLOAT4_B"})
 STAGED_CONVERT_BYTES = 64 << 20  # bf16 weights from this size convert to a block float in two steps
+STREAM_BLOCKS_FROM = 64 << 20  # a cold build writes weights from this size block by block (tensorbin.py)
 
 
 def convert_shards(shards: list[torch.Tensor], fmt: TensorFormat, *, staged_from: int | None = None,
@@ -220,11 +222,14 @@ class TensorCache:
         writes = rebuild and cache_dir is not None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbin-writer") if writes else None
         self.finished = False  # finish() returned: every write done, or reported in write_errors
+        self._unpublished: dict[Path, contextlib.ExitStack] = {}  # block-written temps the writer has not published
 
     def as_tensor(self, name: str, tensor: torch.Tensor, fmt: TensorFormat, *,
-                  release_source: Callable[[], None] | None = None) -> ttnn.Tensor:
+                  release_source: Callable[[], None] | None = None,
+                  pages: SourcePages | None = None) -> ttnn.Tensor:
         """The cached weight (warm), or ``tensor`` converted and queued to be written (cold).
-        ``release_source``: see :func:`convert_shards`."""
+        ``release_source``: see :func:`convert_shards`; ``pages``: maps and drops the checkpoint pages
+        under each chunk of a large weight around its conversion (see :meth:`_write_blocks`)."""
         relative = tensorbin_name(name, fmt)
         self.files.append(relative)
         if not self.rebuild:
@@ -242,6 +247,13 @@ class TensorCache:
                 self.wait_seconds += time.perf_counter() - start
             shards = shard(tensor, fmt.placement, self.mesh, copy=fmt.layout != ttnn.TILE_LAYOUT)
             start = time.perf_counter()
+            if (self._writer is not None and tensor.numel() * tensor.element_size() >= STREAM_BLOCKS_FROM
+                    and streamable(shards, fmt.layout)):
+                result = self._write_blocks(name, relative, shards, fmt, release_source, pages)
+                self.convert_seconds += time.perf_counter() - start
+                if result is not None:
+                    return self._to_device(result)
+                start = time.perf_counter()
             result = to_host_ttnn(shards, fmt, self.mesh, release_source=release_source)
             self.convert_seconds += time.perf_counter() - start
             if self._writer is None:  # converting only
@@ -255,6 +267,59 @@ class TensorCache:
                     self._collect(*self._pending.pop(0)[:2])
                 self.wait_seconds += time.perf_counter() - start
         return self._to_device(result)
+
+    def _write_blocks(self, name: str, relative: str, shards: list[torch.Tensor], fmt: TensorFormat,
+                      release_source: Callable[[], None] | None, pages: SourcePages | None) -> ttnn.Tensor | None:
+        """Write a large weight's file block by block (:mod:`~models.common.weight_cache.tensorbin`:
+        no full converted copy in memory, the same bytes as a whole conversion) into a temp file,
+        then release its source; the writer thread makes it durable and publishes it, overlapped
+        with the next conversions. Returns the file, mapped lazily; None: convert it whole instead
+        (its header cannot be derived, or the cache cannot be written: the build goes on in memory)."""
+        if self.write_errors:
+            return None
+        path = self.cache_dir / relative
+        temp = unique_temp_path(path, ".tensorbin")
+        with contextlib.ExitStack() as writing:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writing.enter_context(writing_into(path.parent))  # held until published: clean keeps the temp
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                try:
+                    write_blocks(fd, os.fspath(path.parent), shards, fmt, self.mesh, pages=pages)
+                finally:
+                    os.close(fd)
+                problem = check_written(os.fspath(temp), shards, fmt, self.mesh)
+                if problem:
+                    raise TensorbinError(f"the file written block by block {problem}")
+                loaded = ttnn._ttnn.tensor.load_tensor_flatbuffer(os.fspath(temp), None)  # mapped: the inode stays
+            except TensorbinError as error:
+                temp.unlink(missing_ok=True)
+                logger.warning(f"{name}: converting it whole ({error})")
+                return None
+            except (OSError, RuntimeError) as error:
+                temp.unlink(missing_ok=True)
+                self.write_errors.append(str(error))
+                logger.warning(f"Cannot write the weight cache {self.cache_dir} ({error}); building in memory only")
+                return None
+            self._unpublished[temp] = writing.pop_all()
+        if release_source is not None:
+            release_source()
+        future = self._writer.submit(self._guarded, self._publish, temp, path, relative)
+        self._pending.append((name, future, 0))
+        return loaded
+
+    def _publish(self, temp: Path, path: Path, relative: str) -> list[str]:
+        """The writer thread's part of a block-by-block write: data durable, then renamed in."""
+        with self._unpublished.pop(temp):
+            try:
+                start = time.perf_counter()
+                fsync_file(temp)  # data durable now; the directory entries are synced in finish()
+                self.fsync_seconds += time.perf_counter() - start
+                publish(temp, path, durable=False)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+        return [relative]
 
     def _drain(self, budget: int) -> None:
         """Wait for the oldest writes until at most ``budget`` bytes of converted weights wait."""
@@ -328,6 +393,7 @@ class TensorCache:
                 fsync_dir(directory)
         if self._writer is not None:
             self._writer.shutdown(wait=True)
+        self._drop_unpublished()
         self.finished = True
         return list(self.written)
 
@@ -353,3 +419,12 @@ class TensorCache:
         if self._writer is not None:
             self._writer.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        self._drop_unpublished()
+
+    def _drop_unpublished(self) -> None:
+        """Block-written temps the writer never published (cancelled, or skipped after a write error):
+        removed, and their directory locks let go."""
+        for temp, writing in list(self._unpublished.items()):
+            with writing:
+                temp.unlink(missing_ok=True)
+        self._unpublished.clear()

@@ -123,7 +123,8 @@ def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path
     monkeypatch.setattr(WeightSink, "__init__", recording_init)
     monkeypatch.setattr(LazyStateDict, "release_now", recording_release)
     monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 1 << 20)  # the head (4096 x hidden) is large
-    seeded = cls(checkpoint, precision=precision, cache_root=tmp_path / "seeded")
+    # one conversion worker: the sink that converts is the one that writes the sidecar
+    seeded = cls(checkpoint, precision=precision, cache_root=tmp_path / "seeded", workers=1)
     result = seeded.seed()
     assert result.complete and not result.warm
     (sink,) = sinks

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cold conversion on every core: one build's weights converted by several threads of this process.
+
+``ttnn.from_torch``, torch's copies and file writes release the GIL, so threads convert side by side
+without a second interpreter and its imports (Ray's fixed start, 11-15 s here; Ray stays the engine
+for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own
+mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
+units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
+shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
+
+Memory: a worker holds one unit at a time, streaming as a seed does. A large weight is written block
+by block (:mod:`~models.common.weight_cache.tensorbin`), so what a worker holds is a few chunks, or a
+weight small enough to be converted whole (a fused QKV: about 0.5 GB at Llama-70B shapes). The bound
+is the one-worker bound plus that much per further worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.common import envs
+from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
+from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.tensor_cache import TensorCache, tensorbin_name
+
+
+def convert_workers(requested: int | None) -> int:
+    """Workers for a cold build: ``requested``, else ``$TT_CONVERT_WORKERS``, else one per CPU this
+    process may run on."""
+    if requested is None:
+        text = envs.TT_CONVERT_WORKERS.strip()
+        if text and not text.isdigit():
+            raise ValueError(f"TT_CONVERT_WORKERS={text!r}: expected a whole number (0 or 1: one worker)")
+        requested = int(text) if text else len(os.sched_getaffinity(0))
+    if type(requested) is not int or requested < 0:
+        raise ValueError(f"workers {requested!r}: expected a whole number >= 0")
+    return max(1, requested)
+
+
+class WorkerFailed(RuntimeError):
+    """Another worker of the same build failed: this one stops at its next unit."""
+
+
+class _Claims:
+    """Which worker converts each unit: the first to reach it. Once a worker failed, the rest stop."""
+
+    def __init__(self) -> None:
+        self._taken: set[int] = set()
+        self._lock = threading.Lock()
+        self.failed = threading.Event()
+
+    def claim(self, unit: int) -> bool:
+        if self.failed.is_set():
+            raise WorkerFailed("another conversion worker of this build failed")
+        with self._lock:
+            if unit in self._taken:
+                return False
+            self._taken.add(unit)
+            return True
+
+
+@dataclass
+class WorkersResult:
+    """What the workers wrote (relative paths, in build order) and how long their parts took."""
+
+    files: list[str]
+    write_errors: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_pending_bytes: int,
+                       on_written: Callable[[str, int], None] | None = None) -> WorkersResult:
+    """Convert every weight of ``loader``'s build into the generation ``root`` on ``workers`` threads
+    (streaming: nothing kept). The first error of any worker is raised once all have stopped; the
+    caller's transaction then removes what they wrote. Call it inside ``conversion_threads()``."""
+    plan: list[PlannedWeight] = plan_weights(loader, args)
+    claims = _Claims()
+    caches: list[TensorCache] = []
+
+    def work(_: int) -> list[str]:
+        reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+        try:
+            with TensorCache(root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
+                             on_written=on_written) as cache:
+                caches.append(cache)
+                sink = PartSink(cache, PartState(reader), plan, claims.claim)
+                loader.convert(sink, args)
+                return cache.finish()
+        except BaseException:
+            claims.failed.set()
+            raise
+        finally:
+            reader.close()
+
+    start = time.perf_counter()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="convert-worker")
+    try:
+        futures = [pool.submit(work, i) for i in range(workers)]
+        wait(futures)
+    except BaseException:  # Ctrl-C, or a seeding job's SIGTERM, in this thread: the workers stop too
+        claims.failed.set()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, WorkerFailed)), errors[0])
+    written = {path for f in futures for path in f.result()}
+    files = [tensorbin_name(w.name, w.fmt) for w in plan]
+    missing = [f for f in files if f not in written]
+    write_errors = [e for cache in caches for e in cache.write_errors]
+    if missing and not write_errors:
+        raise RuntimeError(f"conversion workers wrote {len(files) - len(missing)} of {len(files)} files "
+                           f"(first missing: {missing[0]})")
+    timings = {"workers": workers, "workers_wall": time.perf_counter() - start,
+               "from_torch": sum(c.convert_seconds for c in caches),
+               "writer_wait": sum(c.wait_seconds for c in caches), "dump": sum(c.dump_seconds for c in caches),
+               "fsync": sum(c.fsync_seconds for c in caches)}
+    return WorkersResult(files, write_errors, timings)

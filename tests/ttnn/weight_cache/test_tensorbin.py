@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A large weight written block by block is the file ``ttnn.dump_tensor`` writes for the whole weight,
+byte for byte, for every format, placement and mesh a family uses; each chunk's source pages are mapped
+only around its conversion; and where the block writer cannot derive a header the weight is converted
+whole, with nothing left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import ttnn
+
+from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
+from models.common.sharding import shard
+from models.common.weight_cache import tensor_cache, tensorbin
+from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat, to_host_ttnn
+
+CASES = [  # dtype, layout, placement, mesh, stored shape, a transposed view of it (as a family hands over)
+    ("bfloat8_b", "TILE", COLUMN_PARALLEL, (1, 1), (320, 256), True),
+    ("bfloat8_b", "TILE", COLUMN_PARALLEL, (1, 1), (256, 320), False),
+    ("bfloat16", "TILE", COLUMN_PARALLEL, (1, 1), (330, 256), True),
+    ("bfloat8_b", "TILE", COLUMN_PARALLEL, (1, 8), (1024, 256), True),
+    ("bfloat16", "TILE", ROW_PARALLEL, (1, 8), (256, 1024), True),
+    ("bfloat8_b", "TILE", COLUMN_PARALLEL, (8, 4), (512, 1024), True),
+    ("bfloat8_b", "TILE", ROW_PARALLEL, (8, 4), (1024, 1024), True),
+    ("bfloat4_b", "TILE", COLUMN_PARALLEL, (1, 2), (320, 256), True),
+    ("bfloat16", "ROW_MAJOR", REPLICATED, (1, 1), (1000, 64), False),
+    ("bfloat16", "ROW_MAJOR", REPLICATED, (8, 4), (1000, 64), False),
+    ("bfloat8_b", "TILE", EXPERT_PARALLEL, (1, 2), (8, 64, 96), False),
+]
+
+
+class RecordedPages:
+    """The pages a block writer asks to map and to drop (a stand-in for the checkpoint's mapping:
+    here the source is in memory, so there is nothing to map)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def map_view(self, view: torch.Tensor) -> None:
+        self.events.append(("map", view.data_ptr()))
+
+    def release_view(self, view: torch.Tensor) -> None:
+        self.events.append(("drop", view.data_ptr()))
+
+
+def _shards(dtype, layout, placement, mesh, shape, transposed):
+    generator = torch.Generator().manual_seed(sum(shape))
+    stored = (torch.randn(*shape, generator=generator) * 0.05).to(torch.bfloat16)
+    stored.view(-1)[::97] = 3e4  # large values here and there: shared exponents differ between blocks
+    weight = stored.transpose(-2, -1) if transposed else stored
+    fmt = TensorFormat(getattr(ttnn, dtype), getattr(ttnn, f"{layout}_LAYOUT"), placement)
+    return shard(weight, placement, mesh, copy=fmt.layout != ttnn.TILE_LAYOUT), fmt
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3][0]}x{c[3][1]}-{'T' if c[5] else 'N'}-{len(c[4])}d")
+def test_a_weight_written_block_by_block_is_the_file_ttnn_dumps(case, tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)  # several chunks of every shard
+    shards, fmt = _shards(*case)
+    mesh = case[3]
+    assert tensorbin.streamable(shards, fmt.layout)
+    ttnn.dump_tensor(tmp_path / "whole.tensorbin", to_host_ttnn(shards, fmt, mesh))
+    pages = RecordedPages()
+    fd = os.open(tmp_path / "blocks.tensorbin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        written = tensorbin.write_blocks(fd, os.fspath(tmp_path), shards, fmt, mesh, pages=pages)
+    finally:
+        os.close(fd)
+    whole = (tmp_path / "whole.tensorbin").read_bytes()
+    assert (tmp_path / "blocks.tensorbin").read_bytes() == whole and written == len(whole)
+    assert tensorbin.check_written(os.fspath(tmp_path / "blocks.tensorbin"), shards, fmt, mesh) is None
+    kinds = [kind for kind, _ in pages.events]
+    assert kinds == ["map", "drop"] * (len(kinds) // 2) and len(kinds) >= 2 * len(shards), "a chunk at a time"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.tensorbin", "whole.tensorbin"], "no scratch left"
+
+
+def test_small_or_ragged_shards_are_left_to_a_whole_conversion():
+    tile = ttnn.TILE_LAYOUT
+    assert not tensorbin.streamable([torch.zeros(64, 256)], tile)  # fewer rows than the three templates
+    assert not tensorbin.streamable([torch.zeros(100, 256)], tile)  # rows not whole tiles
+    assert not tensorbin.streamable([torch.zeros(4096)], tile)  # 1-D
+    assert not tensorbin.streamable([torch.zeros(128, 64), torch.zeros(96, 64)], tile)  # unequal shards
+    assert tensorbin.streamable([torch.zeros(100, 8)], ttnn.ROW_MAJOR_LAYOUT)
+
+
+def _cold_cache(root: Path, weight: torch.Tensor, fmt: TensorFormat) -> list[str]:
+    with TensorCache(root, (1, 1), rebuild=True) as cache:
+        cache.as_tensor("output", weight, fmt)
+        return cache.finish()
+
+
+def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensor_cache, "STREAM_BLOCKS_FROM", 0)
+    monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)
+    weight = (torch.randn(512, 320, generator=torch.Generator().manual_seed(3)) * 0.05).to(torch.bfloat16).T
+    fmt = TensorFormat(ttnn.bfloat8_b, ttnn.TILE_LAYOUT, COLUMN_PARALLEL)
+    ttnn.dump_tensor(tmp_path / "whole.tensorbin", ttnn.from_torch(weight, dtype=fmt.dtype, layout=fmt.layout))
+    whole = (tmp_path / "whole.tensorbin").read_bytes()
+
+    blocks = _cold_cache(tmp_path / "blocks", weight, fmt)
+    assert [(tmp_path / "blocks" / f).read_bytes() == whole for f in blocks] == [True]
+
+    def refuse(*_):
+        raise tensorbin.TensorbinError("a header word is not linear in the row count")
+
+    monkeypatch.setattr(tensorbin, "_extrapolate", refuse)  # a ttnn whose header the writer cannot derive
+    fallback = _cold_cache(tmp_path / "fallback", weight, fmt)
+    assert [(tmp_path / "fallback" / f).read_bytes() == whole for f in fallback] == [True]
+    for root in ("blocks", "fallback"):  # the published file only: no temp, no scratch directory
+        assert [p.name for p in (tmp_path / root).rglob("*")] == blocks, root
