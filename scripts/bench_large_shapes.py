@@ -139,8 +139,9 @@ def summary(shape: dict, precision: str) -> dict[str, str]:
     cells: dict[str, str] = {}
     for mesh in sorted({b["mesh"] for b in entry["builds"]}, key=list(MESH_NAMES).index):
         for mode in ("load", "seed"):
-            rows = [r for w in (1, 2) if (r := _build(entry, mode, mesh, w))]
-            figures = " / ".join(f"{r['seconds']:.1f} s, +{_added(r):,.0f}" for r in rows)
+            found = [_build(entry, mode, mesh, w) for w in (1, 2)]
+            rows = [r for r in found if r]
+            figures = " / ".join(f"{r['seconds']:.1f} s, +{_added(r):,.0f}" if r else "not run" for r in found)
             worst = max(_added(r) - 512 * (r["workers"] - 1) for r in rows)
             verdict = "met" if worst <= bound else "**missed**"
             label = "cold `load()`" if mode == "load" else "`seed()`"
