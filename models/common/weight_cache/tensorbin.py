@@ -16,7 +16,10 @@ exponents stay inside their tile). So:
   Anything else (another header length, a word that is not linear) is refused and the caller
   converts the weight whole;
 * **the data**: each block of rows of each shard is converted by ``ttnn.from_torch`` (so ttnn
-  packs every byte) and its bytes, dumped into an in-memory file, are appended to the output.
+  packs every byte) and its packed bytes, taken from ttnn's host buffer through DLPack (no copy),
+  are written at their place in the output. The first template proves that these bytes are the
+  ones ``dump_tensor`` writes; where they are not (or a ttnn build has no DLPack export), each
+  block goes through a scratch ``dump_tensor`` instead.
 
 The file is byte-for-byte what ``ttnn.dump_tensor`` writes for the whole weight
 (``tests/ttnn/weight_cache/test_tensorbin.py`` holds every format and mesh to that), and the writer
@@ -70,6 +73,13 @@ def _convert(tensor: torch.Tensor, fmt: Any) -> Any:
     return ttnn.from_torch(tensor, dtype=fmt.dtype, layout=fmt.layout)
 
 
+def _packed(tensor: Any) -> torch.Tensor:
+    """A one-device host tensor's packed bytes as ``uint8``: ttnn's own buffer, not a copy (it lives
+    as long as the returned tensor)."""
+    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0)))
+    return raw.reshape(-1).view(torch.uint8)
+
+
 def _join(converted: list[Any], mesh: tuple[int, int]) -> Any:
     return converted[0] if len(converted) == 1 else ttnn.from_host_shards(converted, ttnn.MeshShape(*mesh))
 
@@ -82,6 +92,17 @@ class _Scratch:
     def __init__(self, near: str) -> None:
         self.directory = tempfile.mkdtemp(prefix=".tensorbin-blocks-", dir=near)
         self.path = os.path.join(self.directory, "block.tensorbin")
+        self.direct = False  # blocks' bytes straight from ttnn's buffer (proven on the first template)
+
+    def prove_direct(self, shape: Sequence[int], dtype: torch.dtype, fmt: Any) -> None:
+        """Take blocks' bytes from ttnn's buffer from now on if, for a block of ``shape`` holding a
+        pattern of distinct values, they are exactly the data ``dump_tensor`` writes."""
+        count = int(torch.Size(shape).numel())
+        pattern = ((torch.arange(count) % 509 - 254) / 64).reshape(tuple(shape)).to(dtype)
+        converted = _convert(pattern, fmt)
+        _, dumped = self.dump(converted)
+        with contextlib.suppress(Exception):  # no DLPack export in this ttnn build: dump each block
+            self.direct = bytes(memoryview(_packed(converted).numpy())) == dumped
 
     def dump(self, tensor: Any) -> tuple[bytes, bytes]:
         """Dump ``tensor``: (the file's header, its data). The file is gone again before the next
@@ -158,6 +179,7 @@ def write_blocks(fd: int, near: str, shards: Sequence[torch.Tensor], fmt: Any, m
             templates[k], data = scratch.dump(joined)
             data_bytes[k] = len(data)
         header = _extrapolate(templates, shards[0].shape[0])
+        scratch.prove_direct((min(templates), *shards[0].shape[1:]), shards[0].dtype, fmt)
         small, next_up = sorted(data_bytes)[:2]
         step = next_up - small  # rows: one row of tiles in TILE layout, else one row (or expert)
         step_bytes = (data_bytes[next_up] - data_bytes[small]) // len(shards)
@@ -170,8 +192,8 @@ def write_blocks(fd: int, near: str, shards: Sequence[torch.Tensor], fmt: Any, m
                 continue
             row_bytes = max(source[0].numel(), source.stride(0)) * source.element_size()
             for start, end in _chunks(source.shape[0], row_bytes, TILE if by_tile_rows else 1):
-                chunk = source[start:end]
-                written += _write_at(fd, _convert_chunk(chunk, fmt, scratch, pages), base + start // step * step_bytes)
+                with _converted_bytes(source[start:end], fmt, scratch, pages) as data:
+                    written += _write_at(fd, data, base + start // step * step_bytes)
         return written
     finally:
         scratch.close()
@@ -188,23 +210,31 @@ def _write_column_chunks(fd: int, base: int, source: torch.Tensor, fmt: Any, til
         raise TensorbinError(f"a row of tiles of {tile_row_bytes} bytes is not {tile_columns} whole tiles")
     written = 0
     for start, end in _chunks(columns, max(rows, source.stride(1)) * source.element_size(), TILE):
-        data = memoryview(_convert_chunk(source[:, start:end], fmt, scratch, pages))
         run = -(-(end - start) // TILE) * tile_bytes  # one row of tiles of the chunk
-        if len(data) != run * (rows // TILE):
-            raise TensorbinError(f"a chunk of {len(data)} bytes is not {rows // TILE} rows of {run}")
-        for i in range(rows // TILE):
-            written += _write_at(fd, data[i * run:(i + 1) * run], base + i * tile_row_bytes + start // TILE * tile_bytes)
+        with _converted_bytes(source[:, start:end], fmt, scratch, pages) as data:
+            if len(data) != run * (rows // TILE):
+                raise TensorbinError(f"a chunk of {len(data)} bytes is not {rows // TILE} rows of {run}")
+            for i in range(rows // TILE):
+                offset = base + i * tile_row_bytes + start // TILE * tile_bytes
+                written += _write_at(fd, data[i * run:(i + 1) * run], offset)
     return written
 
 
-def _convert_chunk(chunk: torch.Tensor, fmt: Any, scratch: _Scratch, pages: SourcePages | None) -> bytes:
-    """The file bytes of one chunk, its source pages mapped only while it converts."""
+@contextlib.contextmanager
+def _converted_bytes(chunk: torch.Tensor, fmt: Any, scratch: _Scratch,
+                     pages: SourcePages | None) -> Iterator[memoryview]:
+    """The file bytes of one chunk, valid inside the ``with``; its source pages are mapped only
+    while it converts."""
     if pages is not None:
         pages.map_view(chunk)
-    _, data = scratch.dump(_convert(chunk, fmt))
+    converted = _convert(chunk, fmt)
     if pages is not None:
         pages.release_view(chunk)
-    return data
+    if scratch.direct:
+        packed = _packed(converted)  # ttnn's buffer: ``converted`` keeps it alive until the block is written
+        yield memoryview(packed.numpy())
+    else:
+        yield memoryview(scratch.dump(converted)[1])
 
 
 def _read_all(fd: int, offset: int, size: int) -> bytes:

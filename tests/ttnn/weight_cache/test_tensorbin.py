@@ -56,9 +56,18 @@ def _shards(dtype, layout, placement, mesh, shape, transposed):
     return shard(weight, placement, mesh, copy=fmt.layout != ttnn.TILE_LAYOUT), fmt
 
 
+def _no_dlpack(_tensor):
+    raise AttributeError("host_buffer")  # a ttnn build without a DLPack export: each block is dumped
+
+
+@pytest.mark.parametrize("bytes_from", ["buffer", "dump"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3][0]}x{c[3][1]}-{'T' if c[5] else 'N'}-{len(c[4])}d")
-def test_a_weight_written_block_by_block_is_the_file_ttnn_dumps(case, tmp_path, monkeypatch):
+def test_a_weight_written_block_by_block_is_the_file_ttnn_dumps(case, bytes_from, tmp_path, monkeypatch):
     monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)  # several chunks of every shard
+    dumps = []
+    monkeypatch.setattr(tensorbin._Scratch, "dump", lambda self, t, dump=tensorbin._Scratch.dump: dumps.append(1) or dump(self, t))
+    if bytes_from == "dump":
+        monkeypatch.setattr(tensorbin, "_packed", _no_dlpack)
     shards, fmt = _shards(*case)
     mesh = case[3]
     assert tensorbin.streamable(shards, fmt.layout)
@@ -74,6 +83,8 @@ def test_a_weight_written_block_by_block_is_the_file_ttnn_dumps(case, tmp_path, 
     assert tensorbin.check_written(os.fspath(tmp_path / "blocks.tensorbin"), shards, fmt, mesh) is None
     kinds = [kind for kind, _ in pages.events]
     assert kinds == ["map", "drop"] * (len(kinds) // 2) and len(kinds) >= 2 * len(shards), "a chunk at a time"
+    # three header templates and the proof of the buffer's bytes are dumped; the blocks only without DLPack
+    assert len(dumps) == 4 + (len(kinds) // 2 if bytes_from == "dump" else 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.tensorbin", "whole.tensorbin"], "no scratch left"
 
 
