@@ -6,6 +6,7 @@
     python scripts/bench_large_shapes.py --shapes --models qwen2.5-coder-1.5b --meshes 1x1   # a real model
     sudo .venv/bin/python scripts/bench_large_shapes.py       # root: the evicted warm start too
     python scripts/bench_large_shapes.py --shapes llama-3.1-70b --workers 2 --repeat 1 --add   # one shape, added
+    python scripts/bench_large_shapes.py --shapes llama-3.1-70b --parts speedup --repeat 2 --add   # one figure again
     python scripts/bench_large_shapes.py --from-json docs/bench_large_shapes.json --readme   # tables again
 
 Each shape (``models/testing/model_shapes.py``: the tensor shapes of the hub model, random values,
@@ -56,7 +57,27 @@ def build_cases(meshes: list[str], workers: list[int]) -> list[tuple[str, str, i
     return [(mode, mesh, count) for mesh in meshes for mode in ("load", "seed") for count in workers]
 
 
+PARTS = ("builds", "naive", "speedup", "warm")
+
+
 def bench_precision(checkpoint: Path, precision: str, opts: argparse.Namespace) -> dict:
+    """The figures of ``opts.parts`` for one precision (the keys of the JSON entry they fill)."""
+    parts: dict = {}
+    if "builds" in opts.parts:
+        parts["builds"] = cold_builds(checkpoint, precision, opts)
+    if "naive" in opts.parts:
+        naive = peer_case("naive", str(checkpoint), precision, opts.workdir)
+        print(f"  {precision} naive loop: {naive['seconds']:.1f} s, "
+              f"+{naive['peak_mib'] - naive['import_peak_mib']:,.0f} MiB", flush=True)
+        parts["naive"] = naive
+    if "speedup" in opts.parts:
+        parts["speedup_rounds"] = worker_speedup(checkpoint, precision, opts)
+    if "warm" in opts.parts:
+        parts["warm"] = warm_cases(checkpoint, precision, opts)
+    return parts
+
+
+def cold_builds(checkpoint: Path, precision: str, opts: argparse.Namespace) -> list[dict]:
     builds = []
     for mode, mesh, count in build_cases(opts.meshes, opts.workers):
         report = build_run(mode, checkpoint, precision, opts.workdir / "build", mesh=mesh, workers=count)
@@ -65,12 +86,7 @@ def bench_precision(checkpoint: Path, precision: str, opts: argparse.Namespace) 
                        "peak_mib": report["peak"] / MIB, "import_mib": report["import_peak"] / MIB})
         print(f"  {precision} {mode} {MESH_NAMES.get(mesh, mesh)} {count} worker(s): {report['seconds']:.1f} s, "
               f"+{(report['peak'] - report['import_peak']) / MIB:,.0f} MiB over imports", flush=True)
-    naive = peer_case("naive", str(checkpoint), precision, opts.workdir)
-    print(f"  {precision} naive loop: {naive['seconds']:.1f} s, +{naive['peak_mib'] - naive['import_peak_mib']:,.0f} MiB",
-          flush=True)
-    speedup = worker_speedup(checkpoint, precision, opts)
-    warm = warm_cases(checkpoint, precision, opts)
-    return {"builds": builds, "naive": naive, "speedup_rounds": speedup, "warm": warm}
+    return builds
 
 
 def worker_speedup(checkpoint: Path, precision: str, opts: argparse.Namespace) -> list[dict]:
@@ -125,7 +141,7 @@ def paired(rounds: dict[str, list[float]], case: str, reference: str) -> float |
 
 
 def _build(entry: dict, mode: str, mesh: str, workers: int) -> dict | None:
-    return next((b for b in entry["builds"] if (b["mode"], b["mesh"], b["workers"]) == (mode, mesh, workers)), None)
+    return next((b for b in entry.get("builds", []) if (b["mode"], b["mesh"], b["workers"]) == (mode, mesh, workers)), None)
 
 
 def _added(row: dict) -> float:
@@ -137,7 +153,7 @@ def summary(shape: dict, precision: str) -> dict[str, str]:
     entry = shape["precisions"][precision]
     bound = shape["largest_mib"] + 512
     cells: dict[str, str] = {}
-    for mesh in sorted({b["mesh"] for b in entry["builds"]}, key=list(MESH_NAMES).index):
+    for mesh in sorted({b["mesh"] for b in entry.get("builds", [])}, key=list(MESH_NAMES).index):
         for mode in ("load", "seed"):
             found = [_build(entry, mode, mesh, w) for w in (1, 2)]
             rows = [r for r in found if r]
@@ -147,14 +163,17 @@ def summary(shape: dict, precision: str) -> dict[str, str]:
             label = "cold `load()`" if mode == "load" else "`seed()`"
             cells[f"{label} {MESH_NAMES.get(mesh, mesh)}, 1 / 2 workers: s, MiB over imports"] = (
                 f"{figures} ({verdict})")
-    naive = entry["naive"]
-    cells["naive loop (N150): s, MiB over imports"] = (
-        f"{naive['seconds']:.1f} s, +{naive['peak_mib'] - naive['import_peak_mib']:,.0f}")
-    rounds = entry.get("speedup_rounds") or _one_round(entry)
-    gain, ceiling = (statistics.median(r[key] for r in rounds) for key in ("gain", "ceiling"))
-    share = statistics.median(r["gain"] / r["ceiling"] for r in rounds)
-    cells["`seed()` N150, 2 workers' speedup / two processes' (the ceiling)"] = (
-        f"{gain:.2f}x / {ceiling:.2f}x ({share:.2f} of it, {'met' if share >= 0.9 else '**missed**'})")
+    if naive := entry.get("naive"):
+        cells["naive loop (N150): s, MiB over imports"] = (
+            f"{naive['seconds']:.1f} s, +{naive['peak_mib'] - naive['import_peak_mib']:,.0f}")
+    if rounds := entry.get("speedup_rounds") or _one_round(entry):
+        gain, ceiling = (statistics.median(r[key] for r in rounds) for key in ("gain", "ceiling"))
+        share = statistics.median(r["gain"] / r["ceiling"] for r in rounds)
+        cells["`seed()` N150, 2 workers' speedup / two processes' (the ceiling)"] = (
+            f"{gain:.2f}x / {ceiling:.2f}x ({share:.2f} of it, {'met' if share >= 0.9 else '**missed**'})"
+            f" in {len(rounds)} round(s)")
+    if "warm" not in entry:
+        return cells
     rounds = entry["warm"]["rounds"]
     warm = paired(rounds, "warm process", "import")
     cells["warm-start process / bare `import torch, ttnn`"] = (
@@ -167,7 +186,9 @@ def summary(shape: dict, precision: str) -> dict[str, str]:
 
 def _one_round(entry: dict) -> list[dict]:
     """A run without paired rounds: its single N150 seeds and conversion loops as one round."""
-    one, two, loops = _build(entry, "seed", "1x1", 1), _build(entry, "seed", "1x1", 2), entry["convert_loops_s"]
+    one, two, loops = _build(entry, "seed", "1x1", 1), _build(entry, "seed", "1x1", 2), entry.get("convert_loops_s")
+    if not (one and two and loops):
+        return []
     return [{"gain": one["seconds"] / two["seconds"], "ceiling": 2 * loops["1"] / loops["2"]}]
 
 
@@ -207,9 +228,9 @@ def plot(report: dict, path: Path) -> Path:
                     key = f"{mode}() {workers} worker{'s' if workers > 1 else ''}, {precision}"
                     lines.setdefault(key, {})[size] = _added(row)
                     seconds.setdefault(key, {})[size] = row["seconds"]
-            naive = entry["naive"]
-            lines.setdefault(f"naive loop, {precision}", {})[size] = naive["peak_mib"] - naive["import_peak_mib"]
-            seconds.setdefault(f"naive loop, {precision}", {})[size] = naive["seconds"]
+            if naive := entry.get("naive"):
+                lines.setdefault(f"naive loop, {precision}", {})[size] = naive["peak_mib"] - naive["import_peak_mib"]
+                seconds.setdefault(f"naive loop, {precision}", {})[size] = naive["seconds"]
     return figure(path, [
         Panel("lines", lines, title="peak RSS over imports (N150)", ylabel="MiB", xlabel="checkpoint GiB", log=True),
         Panel("lines", seconds, title="cold build time (N150)", ylabel="s", xlabel="checkpoint GiB", log=True),
@@ -230,7 +251,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-large-shapes"))
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--add", action="store_true",
-                        help="keep the other shapes of the JSON already in --out-dir (a run of a few shapes)")
+                        help="keep what the JSON already in --out-dir holds beyond this run (other shapes, other parts)")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                        help="which figures to measure (with --add, the others are kept from the JSON)")
     parser.add_argument("--from-json", type=Path, metavar="JSON", help="print the tables of an earlier run")
     parser.add_argument("--readme", action="store_true", help="with --from-json: the README's tables only")
     opts = parser.parse_args()
@@ -254,12 +277,13 @@ def main() -> None:
         config = json.loads((checkpoint / "config.json").read_text())
         entry = {"layers": config["num_hidden_layers"], "shards": len(files),
                  "checkpoint_mib": sum(f.stat().st_size for f in files) / MIB,
-                 "largest_mib": largest_tensor_bytes(checkpoint) / MIB, "precisions": {}}
+                 "largest_mib": largest_tensor_bytes(checkpoint) / MIB,
+                 "precisions": report["shapes"].get(name, {}).get("precisions", {})}
         print(f"{name}: {entry['checkpoint_mib']:,.0f} MiB in {len(files)} shards", flush=True)
         try:
             for precision in opts.precision:
-                entry["precisions"][precision] = bench_precision(checkpoint, precision, argparse.Namespace(
-                    **{**vars(opts), "workdir": workdir}))
+                measured = bench_precision(checkpoint, precision, argparse.Namespace(**{**vars(opts), "workdir": workdir}))
+                entry["precisions"][precision] = {**entry["precisions"].get(precision, {}), **measured}
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # gigabytes: nothing of a shape outlives its turn
         report["shapes"][name] = entry
