@@ -168,7 +168,8 @@ def _decode_bfp8(raw: torch.Tensor) -> Decode:
         exponents = tiles.view(count, columns, BFP8_TILE_BYTES)[:, :, :BFP8_EXPONENT_BYTES]
         exponents = exponents.reshape(count, columns, 2, 2, FACE).permute(0, 2, 4, 1, 3).reshape(-1)
         negative_zero = _holds_sign_only(codes)
-        negative = torch.bitwise_right_shift(codes.view(torch.int8), 7, out=_scratch(1, codes.numel()).view(torch.int8))
+        negative = torch.bitwise_right_shift(codes.view(torch.int8), 7,
+                                           out=_scratch(1, codes.numel()).view(torch.int8).view(codes.shape))
         # negative: -1 where the sign bit is set, else 0
         signed = codes.bitwise_and_(0x7F).view(torch.int8).bitwise_xor_(negative).sub_(negative)
         rows = out[first * TILE:last * TILE]
