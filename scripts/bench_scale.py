@@ -65,12 +65,12 @@ from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
 torch.set_num_threads(1)
-rows, cols, precision = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rows, cols, precision, times = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 weight = torch.randn(rows, cols, dtype=torch.bfloat16)
 print("READY", flush=True)
 sys.stdin.readline()
 start = time.perf_counter()
-for _ in range(8):
+for _ in range(times):
     ttnn.from_torch(weight, dtype=getattr(ttnn, precision), layout=ttnn.TILE_LAYOUT)
 print("SECONDS", time.perf_counter() - start, flush=True)
 """
@@ -111,10 +111,10 @@ def cat_mib_per_s(files: list[str], evict: bool) -> float:
     return size / MIB / cat(files, 1, evict)
 
 
-def conversion_seconds(shape: tuple[int, int], precision: str, processes: int) -> float:
-    """Wall time of ``processes`` processes converting the same weight 8 times each, started
+def conversion_seconds(shape: tuple[int, int], precision: str, processes: int, times: int = 8) -> float:
+    """Wall time of ``processes`` processes converting the same weight ``times`` times each, started
     together once all have imported (the longest one's time)."""
-    procs = [subprocess.Popen([sys.executable, "-c", CONVERT_LOOP, *map(str, shape), precision], cwd=REPO,
+    procs = [subprocess.Popen([sys.executable, "-c", CONVERT_LOOP, *map(str, shape), precision, str(times)], cwd=REPO,
                               env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(processes)]
     for proc in procs:

@@ -32,17 +32,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 from _bench_output import Panel, figure, write_json  # noqa: E402
 
+from models.common.weight_cache.layout import CHECKPOINT_STAMPS as STAMPS  # noqa: E402
 from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child  # noqa: E402
 
 MODES = {"cold load()": "load", "stream": "seed", "ray 1": "ray:1", "ray 2": "ray:2"}
 
 
 def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: bool = False, mesh: str = "1x1",
-        workers: int | None = None) -> dict:
+        workers: int | None = None, verified: bool = False) -> dict:
     """One way of seeding in a fresh process (``models.testing.seed_child``) into an empty
     ``cache_root``, checkpoint pages warmed first; its report. ``keep`` leaves the cache built;
-    ``workers``: its conversion workers (default: the loader's)."""
-    shutil.rmtree(cache_root, ignore_errors=True)
+    ``workers``: its conversion workers (default: the loader's); ``verified``: the root keeps the
+    checkpoint's stamped digests of an earlier run (a rebuild: the checkpoint is not hashed again)."""
+    _empty(cache_root, verified)
     files = sorted(str(f.resolve()) for f in Path(checkpoint).glob("*.safetensors"))
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
@@ -56,8 +58,18 @@ def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: 
     if proc.returncode or not lines:
         raise RuntimeError(f"{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     if not keep:
-        shutil.rmtree(cache_root, ignore_errors=True)
+        _empty(cache_root, verified)
     return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def _empty(cache_root: Path, keep_stamps: bool) -> None:
+    """Remove what a run built in ``cache_root`` (with ``keep_stamps``, all but its stamp indexes)."""
+    if not keep_stamps:
+        shutil.rmtree(cache_root, ignore_errors=True)
+        return
+    for entry in cache_root.iterdir() if cache_root.is_dir() else ():
+        if entry.name != STAMPS.parts[0]:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def main() -> None:
