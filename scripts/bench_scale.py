@@ -115,6 +115,7 @@ def cat_mib_per_s(files: list[str], evict: bool) -> float:
 def conversion_seconds(shape: tuple[int, int], precision: str, processes: int, times: int = 8) -> float:
     """Wall time of ``processes`` processes converting the same weight ``times`` times each, started
     together once all have imported (the longest one's time)."""
+    os.sync()  # not during a previous case's writeback
     procs = [subprocess.Popen([sys.executable, "-c", CONVERT_LOOP, *map(str, shape), precision, str(times)], cwd=REPO,
                               env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(processes)]

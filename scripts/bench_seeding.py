@@ -47,6 +47,7 @@ def run(mode: str, checkpoint: Path, precision: str, cache_root: Path, *, keep: 
     _empty(cache_root, verified)
     files = sorted(str(f.resolve()) for f in Path(checkpoint).glob("*.safetensors"))
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    os.sync()  # no case runs during the previous one's writeback
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     env.pop("TT_TRANSFORMERS_FORCE_MODEL_LOAD", None)
     env.pop("TT_CONVERT_WORKERS", None)
