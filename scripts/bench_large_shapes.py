@@ -51,6 +51,7 @@ from models.testing.model_shapes import SHAPES, make_shaped_checkpoint
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 MESH_NAMES = {"1x1": "N150", "1x8": "T3K", "8x4": "TG"}
+BF16_BYTES = 2
 
 
 def build_cases(meshes: list[str], workers: list[int]) -> list[tuple[str, str, int]]:
@@ -100,7 +101,8 @@ def worker_speedup(checkpoint: Path, precision: str, opts: argparse.Namespace) -
     the work) until it has converted as many bytes as the checkpoint holds, so it runs as long."""
     config = json.loads((checkpoint / "config.json").read_text())
     shape = (config["intermediate_size"], config["hidden_size"])
-    times = max(8, round(sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / (shape[0] * shape[1] * 2)))
+    weight_bytes = shape[0] * shape[1] * BF16_BYTES  # the loop's weight (bench_scale.CONVERT_LOOP)
+    times = max(8, round(sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / weight_bytes))
     root = opts.workdir / "build"
     first = build_run("seed", checkpoint, precision, root, workers=2, verified=True)["seconds"]
     rounds = []

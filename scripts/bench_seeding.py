@@ -69,8 +69,12 @@ def _empty(cache_root: Path, keep_stamps: bool) -> None:
         shutil.rmtree(cache_root, ignore_errors=True)
         return
     for entry in cache_root.iterdir() if cache_root.is_dir() else ():
-        if entry.name != STAMPS.parts[0]:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if entry.name == STAMPS.parts[0]:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def main() -> None:
