@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,6 +21,19 @@ def cli_env(cache_root: Path | None = None, **extra: str) -> dict[str, str]:
     if cache_root is not None:
         env["TT_CACHE_PATH"] = str(cache_root)
     return env
+
+
+def seed_workers(pid: int) -> list[psutil.Process]:
+    """The seed worker processes (``models.seeding.worker``) that process ``pid`` started and that
+    are still running; a child that ends (or is a zombie) while it is looked at is left out."""
+    workers = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "models.seeding.worker" in child.cmdline():
+                workers.append(child)
+        except psutil.Error:
+            continue
+    return workers
 
 
 def tt_cache(*args: str, env: dict[str, str], prefix: list[str] | None = None,

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from models.testing.tt_cache import REPO_ROOT, cli_env
+from models.testing.tt_cache import REPO_ROOT, cli_env, seed_workers
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,6 @@ def plan(tmp_path_factory, tiny_checkpoints) -> dict:
         {"model": str(llama), "meshes": ["N150"], "precisions": ["bfloat8_b"]},
     ]}))
     return {"root": root, "path": path, "llama": llama, "qwen": qwen}
-
-
-def _workers(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children() if "models.seeding.worker" in p.cmdline()]
 
 
 def _has_open(pid: int, path: Path) -> bool:
@@ -66,7 +62,7 @@ def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signu
             break
     deadline, workers = time.monotonic() + 120, []
     while not workers and time.monotonic() < deadline and seed.poll() is None:
-        workers = _workers(seed.pid)
+        workers = seed_workers(seed.pid)
         time.sleep(0.05)
     assert workers, "the second variant's seed never started:\n" + "".join(log[-30:])
     seed.send_signal(signum)

@@ -22,7 +22,7 @@ from models.seeding.plan import Combination, PlanError, parse_plan
 from models.testing.llama_shaped import make_llama_shaped
 from models.testing.terminal import terminal_output
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
-from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, tt_cache
+from models.testing.tt_cache import REPO_ROOT, cli_env, json_out, seed_workers, tt_cache
 
 
 def _junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
@@ -146,7 +146,7 @@ def test_stall_timeout_aborts_a_hung_seed_naming_the_last_weight(ci, tmp_path):
     for line in seed.stderr:
         seen.append(line)
         if stopped is None and re.search(r"\[N150 bfloat8_b\]: [1-9]\d*/\d+ weights.*, last \S+", line):
-            (worker,) = [p for p in psutil.Process(seed.pid).children() if "models.seeding.worker" in p.cmdline()]
+            (worker,) = seed_workers(seed.pid)
             worker.send_signal(signal.SIGSTOP)
             stopped = time.monotonic()
     seed.wait(timeout=600)
@@ -234,7 +234,7 @@ def test_a_cancelled_seed_leaves_no_worker_behind_and_reports_the_interruption(t
                             stderr=subprocess.PIPE, text=True)
     deadline, workers = time.monotonic() + 120, []
     while not workers and time.monotonic() < deadline and seed.poll() is None:
-        workers = [p for p in psutil.Process(seed.pid).children() if "models.seeding.worker" in p.cmdline()]
+        workers = seed_workers(seed.pid)
         time.sleep(0.1)
     assert workers, "no seed worker started"
     seed.send_signal(signal.SIGTERM)
