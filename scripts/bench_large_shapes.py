@@ -36,6 +36,8 @@ import json
 import os
 import shutil
 import statistics
+import tempfile
+import time
 from pathlib import Path
 
 from _bench_output import DEFAULT_OUT_DIR, Panel, figure, write_json
@@ -98,24 +100,79 @@ def worker_speedup(checkpoint: Path, precision: str, opts: argparse.Namespace) -
     The seeds are rebuilds of a verified checkpoint (its digests stamped by a first seed, kept in
     the root): hashing it, which a first seed of a new checkpoint does before any conversion and on
     every core already, is not what the workers share. Each loop converts an MLP weight (the bulk of
-    the work) until it has converted as many bytes as the checkpoint holds, so it runs as long."""
+    the work) until it has converted as many bytes as the checkpoint holds, so it runs as long.
+
+    Beside them, what bounds a seed apart from conversion: the disk (the cache's bytes written and
+    made durable alone, one writer) and the same 1- and 2-worker seeds into RAM (a tmpfs root, where
+    writes cost no disk time; only when it has room for two caches and the machine's memory too)."""
     config = json.loads((checkpoint / "config.json").read_text())
     shape = (config["intermediate_size"], config["hidden_size"])
     weight_bytes = shape[0] * shape[1] * BF16_BYTES  # the loop's weight (bench_scale.CONVERT_LOOP)
-    times = max(8, round(sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) / weight_bytes))
+    checkpoint_bytes = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors"))
+    times = max(8, round(checkpoint_bytes / weight_bytes))
     root = opts.workdir / "build"
-    first = build_run("seed", checkpoint, precision, root, workers=2, verified=True)["seconds"]
+    ram_root = ram_workdir(checkpoint_bytes)
+    first = build_run("seed", checkpoint, precision, root, workers=2, verified=True)
+    if ram_root is not None:  # its own verified checkpoint stamps, untimed
+        build_run("seed", checkpoint, precision, ram_root, workers=2, verified=True)
     rounds = []
-    for _ in range(opts.repeat):
-        one, two = (build_run("seed", checkpoint, precision, root, workers=n, verified=True)["seconds"] for n in (1, 2))
-        loop_one, loop_two = (conversion_seconds(shape, precision, n, times) for n in (1, 2))
-        rounds.append({"seed_1_worker_s": one, "seed_2_workers_s": two, "loop_1_s": loop_one, "loops_2_s": loop_two,
-                       "loop_conversions": times, "verified": True, "first_seed_2_workers_s": first,
-                       "gain": one / two, "ceiling": 2 * loop_one / loop_two})
-        print(f"  {precision} workers: 2 / 1 = {one / two:.2f}x, two processes {2 * loop_one / loop_two:.2f}x "
-              f"(a first seed, hashing the checkpoint: {first:.1f} s against {two:.1f} s)", flush=True)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        for _ in range(opts.repeat):
+            one, two = (build_run("seed", checkpoint, precision, root, workers=n, verified=True)["seconds"]
+                        for n in (1, 2))
+            loop_one, loop_two = (conversion_seconds(shape, precision, n, times) for n in (1, 2))
+            row = {"seed_1_worker_s": one, "seed_2_workers_s": two, "loop_1_s": loop_one, "loops_2_s": loop_two,
+                   "loop_conversions": times, "verified": True, "first_seed_2_workers_s": first["seconds"],
+                   "gain": one / two, "ceiling": 2 * loop_one / loop_two,
+                   "disk_write_s": disk_write_seconds(opts.workdir, first["bytes_written"])}
+            if ram_root is not None:
+                ram_one, ram_two = (build_run("seed", checkpoint, precision, ram_root, workers=n, verified=True)["seconds"]
+                                    for n in (1, 2))
+                row |= {"ram_seed_1_worker_s": ram_one, "ram_seed_2_workers_s": ram_two, "ram_gain": ram_one / ram_two}
+            rounds.append(row)
+            ram = f", in RAM {row['ram_gain']:.2f}x" if "ram_gain" in row else ""
+            print(f"  {precision} workers: 2 / 1 = {one / two:.2f}x{ram}, two processes {row['ceiling']:.2f}x; "
+                  f"the cache's bytes alone to disk {row['disk_write_s']:.1f} s against {two:.1f} s "
+                  f"(a first seed, hashing the checkpoint: {first['seconds']:.1f} s)", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if ram_root is not None:
+            shutil.rmtree(ram_root, ignore_errors=True)
     return rounds
+
+
+RAM_FS = Path("/dev/shm")
+
+
+def ram_workdir(checkpoint_bytes: int) -> Path | None:
+    """A fresh directory on the RAM file system if it has room for two caches of this checkpoint
+    and the machine's available memory for three (the checkpoint's pages, the cache, the seed)."""
+    if not RAM_FS.is_dir():
+        return None
+    available = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemAvailable:")), 0)
+    if shutil.disk_usage(RAM_FS).free < 2 * checkpoint_bytes or available < 3 * checkpoint_bytes:
+        return None
+    return Path(tempfile.mkdtemp(prefix="tt-bench-large-shapes-", dir=RAM_FS))
+
+
+def disk_write_seconds(workdir: Path, size: int) -> float:
+    """Seconds to write ``size`` bytes into one new file in ``workdir`` and make them durable: the
+    disk's share of a seed that writes as much, with no conversion beside it."""
+    os.sync()
+    block = os.urandom(32 << 20)  # not zeros: nothing below may shortcut them
+    path = workdir / "disk-write.bin"
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        left = size
+        while left:
+            left -= os.write(fd, memoryview(block)[:min(len(block), left)])
+        os.fsync(fd)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
 
 
 def warm_cases(checkpoint: Path, precision: str, opts: argparse.Namespace) -> dict:
@@ -183,6 +240,13 @@ def summary(shape: dict, precision: str) -> dict[str, str]:
         cells["`seed()` N150, 2 workers' speedup / two processes' (the ceiling)"] = (
             f"{gain:.2f}x / {ceiling:.2f}x ({share:.2f} of it, {'met' if share >= 0.9 else '**missed**'})"
             f" in {len(rounds)} round(s)" + (", checkpoint verified before" if rounds[0].get("verified") else ""))
+        if all("ram_gain" in r for r in rounds):
+            ram = statistics.median(r["ram_gain"] for r in rounds)
+            ram_share = statistics.median(r["ram_gain"] / r["ceiling"] for r in rounds)
+            cells["the same seeds into RAM (tmpfs): 2 workers' speedup"] = f"{ram:.2f}x ({ram_share:.2f} of the ceiling)"
+        if all("disk_write_s" in r for r in rounds):
+            two, disk = (statistics.median(r[key] for r in rounds) for key in ("seed_2_workers_s", "disk_write_s"))
+            cells["disk floor: the cache's bytes alone written / `seed()` N150, 2 workers"] = f"{disk:.1f} s / {two:.1f} s"
     if "warm" not in entry:
         return cells
     rounds = entry["warm"]["rounds"]
@@ -220,7 +284,7 @@ def readme_tables(report: dict) -> str:
         out.append("| --- | " + " | ".join("---" for _ in precisions) + " | --- |")
         for row in cells[precisions[0]]:
             target = next((t for key, t in TARGETS.items() if row.startswith(key)), "")
-            out.append(f"| {row} | " + " | ".join(cells[p][row] for p in precisions) + f" | {target} |")
+            out.append(f"| {row} | " + " | ".join(cells[p].get(row, "not run") for p in precisions) + f" | {target} |")
         out.append("")
     return "\n".join(out)
 
