@@ -78,8 +78,9 @@ def figure(path: Path, panels: Sequence[Panel], *, title: str | None = None) -> 
         if panel.log:
             ax.set_xscale("log") if panel.kind == "stacked" else ax.set_yscale("log")
         ax.grid(axis="x" if panel.kind == "stacked" else "y", alpha=0.3)
-        if panel.kind == "bars":
-            ax.legend(fontsize=8, ncols=4, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
+        if panel.kind == "bars" or (panel.kind == "lines" and len(panel.data) > 6):  # below: over the data it would hide it
+            ax.legend(fontsize=8, ncols=4 if panel.kind == "bars" else 2, loc="upper left",
+                      bbox_to_anchor=(0, -0.2 if panel.xlabel else -0.12), frameon=False)
         else:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0) if panel.kind == "stacked" else None)
     if title:
@@ -106,7 +107,9 @@ def _panel_inches(panel: Panel) -> float:
 
 
 def _colors(names: Sequence[str], plt: Any) -> dict[str, Any]:
-    return {name: plt.get_cmap("tab10")(index % 10) for index, name in enumerate(names)}
+    """One color a name: tab10 up to ten names, tab20 (no repeats) up to twenty."""
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: palette(index % palette.N) for index, name in enumerate(names)}
 
 
 def _bars(ax: Any, panel: Panel, plt: Any) -> None:
@@ -126,9 +129,12 @@ def _bars(ax: Any, panel: Panel, plt: Any) -> None:
 def _lines(ax: Any, panel: Panel, plt: Any) -> None:
     ticks = list(dict.fromkeys(x for points in panel.data.values() for x in points))
     categorical = any(isinstance(x, str) for x in ticks)
+    colors = _colors(list(panel.data), plt)
     for name, points in panel.data.items():
-        xs = [ticks.index(x) if categorical else x for x in points]
-        ax.plot(xs, list(points.values()), marker="o", label=name)
+        # numeric x in ascending order, whatever order the points were gathered in
+        ordered = list(points.items()) if categorical else sorted(points.items())
+        xs = [ticks.index(x) if categorical else x for x, _ in ordered]
+        ax.plot(xs, [y for _, y in ordered], marker="o", color=colors[name], label=name)
     if categorical:
         ax.set_xticks(range(len(ticks)), ticks)
 
