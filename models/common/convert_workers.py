@@ -8,6 +8,10 @@ mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeho
 units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
 
+A worker with no unit left converts chunks of the large weights others are still writing block by
+block (:mod:`~models.common.weight_cache.chunk_board`): the build's last large weight, an LM head,
+is not converted by one core while the rest idle.
+
 Memory: a worker holds one unit at a time, streaming as a seed does. A large weight is written block
 by block (:mod:`~models.common.weight_cache.tensorbin`), so what a worker holds is a few chunks, or a
 weight small enough to be converted whole (a fused QKV: about 0.5 GB at Llama-70B shapes). The bound
@@ -28,6 +32,7 @@ from typing import Any
 from models.common import envs
 from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
 from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.tensor_cache import TensorCache, tensorbin_name
 
 
@@ -82,16 +87,19 @@ def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_
     caller's transaction then removes what they wrote. Call it inside ``conversion_threads()``."""
     plan: list[PlannedWeight] = plan_weights(loader, args)
     claims = _Claims()
+    board = ChunkBoard(workers, stop=claims.failed)
     caches: list[TensorCache] = []
 
     def work(_: int) -> list[str]:
         reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
         try:
             with TensorCache(root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
-                             on_written=on_written) as cache:
+                             on_written=on_written, chunk_board=board) as cache:
                 caches.append(cache)
                 sink = PartSink(cache, PartState(reader), plan, claims.claim)
-                loader.convert(sink, args)
+                with board.worker():
+                    loader.convert(sink, args)
+                board.help()  # no unit left: the chunks of the large weights others still convert
                 return cache.finish()
         except BaseException:
             claims.failed.set()

@@ -34,6 +34,7 @@ from loguru import logger
 from models.common.fileio import atomic_output, fsync_dir, fsync_file, publish, unique_temp_path, writing_into
 from models.common.mesh import MeshShape, Placement, shard_shape
 from models.common.sharding import shard
+from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.layout import PRECISIONS as PRECISION_NAMES
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.placeholders import is_placeholder_tensor
@@ -198,6 +199,7 @@ class TensorCache:
         recorded: Mapping[str, FileStamp | None] | None = None,
         max_pending_bytes: int | None = None,
         on_written: Callable[[str, int], None] | None = None,
+        chunk_board: ChunkBoard | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._root = os.fspath(cache_dir) if cache_dir is not None else ""
@@ -217,6 +219,7 @@ class TensorCache:
         # reports each weight once its file is written (``on_written(name, bytes)``).
         self.max_pending_bytes = max_pending_bytes
         self.on_written = on_written
+        self.chunk_board = chunk_board  # a build's conversion workers: large weights' chunks shared among them
         self.write_errors: list[str] = []  # a read-only or full cache dir: the build goes on in memory
         self.recorded = recorded  # warm: {file: stamp the gate verified} of the marker (None: any)
         writes = rebuild and cache_dir is not None
@@ -285,7 +288,7 @@ class TensorCache:
                 writing.enter_context(writing_into(path.parent))  # held until published: clean keeps the temp
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 try:
-                    write_blocks(fd, os.fspath(path.parent), shards, fmt, self.mesh, pages=pages)
+                    write_blocks(fd, os.fspath(path.parent), shards, fmt, self.mesh, pages=pages, board=self.chunk_board)
                 finally:
                     os.close(fd)
                 problem = check_written(os.fspath(temp), shards, fmt, self.mesh)

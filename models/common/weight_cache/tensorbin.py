@@ -29,15 +29,18 @@ checks what it wrote by loading it back (lazily: the header only) before it is p
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
 import ttnn
+
+from models.common.weight_cache.chunk_board import ChunkBoard
 
 TILE = 32
 BLOCK_BYTES = 32 << 20  # source bytes per converted chunk
@@ -159,12 +162,13 @@ def _chunks(count: int, unit_bytes: int, align: int) -> Iterator[tuple[int, int]
 
 
 def write_blocks(fd: int, near: str, shards: Sequence[torch.Tensor], fmt: Any, mesh: tuple[int, int], *,
-                 pages: SourcePages | None = None) -> int:
+                 pages: SourcePages | None = None, board: ChunkBoard | None = None) -> int:
     """Write the ``.tensorbin`` of ``shards`` (one per device, as for ``ttnn.from_host_shards``; one
     for a replicated weight) into the empty file ``fd`` (``near``: a directory beside it), converting
     about ``BLOCK_BYTES`` of source at a time; ``pages`` maps each chunk's source before it is
-    converted and drops it once written. Returns the bytes written. :class:`TensorbinError` before anything is
-    written if the header cannot be derived.
+    converted and drops it once written; ``board`` shares the chunks with idle conversion workers
+    (:mod:`~models.common.weight_cache.chunk_board`). Returns the bytes written.
+    :class:`TensorbinError` before anything is written if the header cannot be derived.
 
     A chunk is a block of rows (its bytes are one range of the shard's data), or, for a transposed
     view in TILE layout, a block of columns: whole rows of the tensor underneath, so its pages are
@@ -184,23 +188,33 @@ def write_blocks(fd: int, near: str, shards: Sequence[torch.Tensor], fmt: Any, m
         step = next_up - small  # rows: one row of tiles in TILE layout, else one row (or expert)
         step_bytes = (data_bytes[next_up] - data_bytes[small]) // len(shards)
         shard_bytes = data_bytes[small] // len(shards) + (shards[0].shape[0] - small) // step * step_bytes
-        written = _write_at(fd, header, 0)
+        jobs: list[Callable[[], int]] = []
         for index, source in enumerate(shards):
             base = len(header) + index * shard_bytes
             if by_tile_rows and _transposed(source):
-                written += _write_column_chunks(fd, base, source, fmt, step_bytes, scratch, pages)
+                jobs += _column_chunk_jobs(fd, base, source, fmt, step_bytes, scratch, pages)
                 continue
             row_bytes = max(source[0].numel(), source.stride(0)) * source.element_size()
             for start, end in _chunks(source.shape[0], row_bytes, TILE if by_tile_rows else 1):
-                with _converted_bytes(source[start:end], fmt, scratch, pages) as data:
-                    written += _write_at(fd, data, base + start // step * step_bytes)
-        return written
+                jobs.append(functools.partial(_write_row_chunk, fd, base + start // step * step_bytes,
+                                              source[start:end], fmt, scratch, pages))
+        written = _write_at(fd, header, 0)
+        # the scratch dump is one file: without DLPack's bytes, chunks go one at a time
+        shared = board is not None and scratch.direct and len(jobs) > 1
+        return written + sum(board.run(jobs) if shared else [job() for job in jobs])
     finally:
         scratch.close()
 
 
-def _write_column_chunks(fd: int, base: int, source: torch.Tensor, fmt: Any, tile_row_bytes: int,
-                         scratch: _Scratch, pages: SourcePages | None) -> int:
+def _write_row_chunk(fd: int, offset: int, chunk: torch.Tensor, fmt: Any, scratch: _Scratch,
+                     pages: SourcePages | None) -> int:
+    """A block of rows of a shard: one range of the output."""
+    with _converted_bytes(chunk, fmt, scratch, pages) as data:
+        return _write_at(fd, data, offset)
+
+
+def _column_chunk_jobs(fd: int, base: int, source: torch.Tensor, fmt: Any, tile_row_bytes: int,
+                       scratch: _Scratch, pages: SourcePages | None) -> list[Callable[[], int]]:
     """One shard of a transposed TILE weight, converted ``[rows, c0:c1]`` at a time; tile row ``i``
     of a chunk goes to tile row ``i``'s range at tile column ``c0 / 32``."""
     rows, columns = source.shape
@@ -208,16 +222,20 @@ def _write_column_chunks(fd: int, base: int, source: torch.Tensor, fmt: Any, til
     tile_bytes, rest = divmod(tile_row_bytes, tile_columns)
     if rest:
         raise TensorbinError(f"a row of tiles of {tile_row_bytes} bytes is not {tile_columns} whole tiles")
-    written = 0
-    for start, end in _chunks(columns, max(rows, source.stride(1)) * source.element_size(), TILE):
+
+    def write(start: int, end: int) -> int:
         run = -(-(end - start) // TILE) * tile_bytes  # one row of tiles of the chunk
+        written = 0
         with _converted_bytes(source[:, start:end], fmt, scratch, pages) as data:
             if len(data) != run * (rows // TILE):
                 raise TensorbinError(f"a chunk of {len(data)} bytes is not {rows // TILE} rows of {run}")
             for i in range(rows // TILE):
                 offset = base + i * tile_row_bytes + start // TILE * tile_bytes
                 written += _write_at(fd, data[i * run:(i + 1) * run], offset)
-    return written
+        return written
+
+    return [functools.partial(write, start, end)
+            for start, end in _chunks(columns, max(rows, source.stride(1)) * source.element_size(), TILE)]
 
 
 @contextlib.contextmanager

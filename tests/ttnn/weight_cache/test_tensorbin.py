@@ -2,11 +2,13 @@
 """A large weight written block by block is the file ``ttnn.dump_tensor`` writes for the whole weight,
 byte for byte, for every format, placement and mesh a family uses; each chunk's source pages are mapped
 only around its conversion; and where the block writer cannot derive a header the weight is converted
-whole, with nothing left behind."""
+whole, with nothing left behind; chunks shared with an idle conversion worker make the same file."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import ttnn
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.sharding import shard
 from models.common.weight_cache import tensor_cache, tensorbin
+from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat, to_host_ttnn
 
 CASES = [  # dtype, layout, placement, mesh, stored shape, a transposed view of it (as a family hands over)
@@ -122,3 +125,45 @@ def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(t
     assert [(tmp_path / "fallback" / f).read_bytes() == whole for f in fallback] == [True]
     for root in ("blocks", "fallback"):  # the published file only: no temp, no scratch directory
         assert [p.name for p in (tmp_path / root).rglob("*")] == blocks, root
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[8]], ids=["transposed", "row-parallel-1x8", "row-major"])
+def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, monkeypatch):
+    """An idle worker converts some of the chunks (the poster is slowed so that it must): the file is
+    still the one ttnn dumps, and every chunk's pages were mapped and dropped once."""
+    monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)
+    converted_by: list[str] = []
+    convert = tensorbin._convert
+
+    def slow_poster(tensor, fmt):
+        converted_by.append(threading.current_thread().name)
+        if threading.current_thread().name == "MainThread":
+            time.sleep(0.02)
+        return convert(tensor, fmt)
+
+    shards, fmt = _shards(*case)
+    mesh = case[3]
+    ttnn.dump_tensor(tmp_path / "whole.tensorbin", to_host_ttnn(shards, fmt, mesh))
+    monkeypatch.setattr(tensorbin, "_convert", slow_poster)
+    board = ChunkBoard(workers=2)
+
+    def idle_worker() -> None:
+        with board.worker():
+            pass
+        board.help()
+
+    helper = threading.Thread(target=idle_worker, name="idle-worker")
+    helper.start()
+    pages = RecordedPages()
+    fd = os.open(tmp_path / "blocks.tensorbin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with board.worker():
+            written = tensorbin.write_blocks(fd, os.fspath(tmp_path), shards, fmt, mesh, pages=pages, board=board)
+    finally:
+        os.close(fd)
+        helper.join(timeout=30)
+    whole = (tmp_path / "whole.tensorbin").read_bytes()
+    assert (tmp_path / "blocks.tensorbin").read_bytes() == whole and written == len(whole)
+    assert "idle-worker" in converted_by, "the idle worker converted chunks"
+    mapped = [ptr for kind, ptr in pages.events if kind == "map"]
+    assert sorted(mapped) == sorted(ptr for kind, ptr in pages.events if kind == "drop") and len(mapped) >= 2
