@@ -89,19 +89,21 @@ class ChunkBoard:
 
     def help(self) -> None:
         """Convert posted chunks until no worker converts any more, or the build stops."""
-        while True:
-            with self._changed:
-                while True:
-                    if self._stop.is_set():
-                        return
-                    posted = next((p for p in self._posted if p.open), None)
-                    if posted is not None:
-                        index = self._take_locked(posted)
-                        break
-                    if self._converting == 0:
-                        return
-                    self._changed.wait(_POLL_SECONDS)
-            self._run(posted, index)
+        while (taken := self._next_posted()) is not None:
+            self._run(*taken)
+
+    def _next_posted(self) -> tuple[_Posted, int] | None:
+        """The next chunk anyone posted, waited for while a worker may still post one; None when
+        none will come or the build stops."""
+        with self._changed:
+            while not self._stop.is_set():
+                posted = next((p for p in self._posted if p.open), None)
+                if posted is not None:
+                    return posted, self._take_locked(posted)
+                if self._converting == 0:
+                    return None
+                self._changed.wait(_POLL_SECONDS)
+            return None
 
     def _take(self, posted: _Posted) -> int | None:
         with self._changed:

@@ -11,20 +11,7 @@ import time
 import pytest
 
 from models.common.weight_cache.chunk_board import ChunkBoard
-
-
-def _idle_worker(board: ChunkBoard) -> None:
-    with board.worker():
-        pass  # no unit of its own
-    board.help()
-
-
-def _helpers(board: ChunkBoard, count: int) -> list[threading.Thread]:
-    """``count`` workers with no unit left: they help."""
-    threads = [threading.Thread(target=_idle_worker, args=(board,), name=f"helper-{i}") for i in range(count)]
-    for thread in threads:
-        thread.start()
-    return threads
+from tests.ttnn.weight_cache.idle_workers import idle_workers
 
 
 def test_every_chunk_runs_once_and_helpers_leave_with_the_last_worker():
@@ -38,7 +25,7 @@ def test_every_chunk_runs_once_and_helpers_leave_with_the_last_worker():
             return index * index
         return run
 
-    helpers = _helpers(board, 2)
+    helpers = idle_workers(board, 2)
     with board.worker():
         results = board.run([job(i) for i in range(40)])
         time.sleep(0.1)
@@ -69,7 +56,7 @@ def test_the_first_error_is_raised_in_the_poster_once_none_of_its_chunks_runs():
             raise OSError(f"chunk {index}: disk full")
         return run
 
-    helpers = _helpers(board, 1)
+    helpers = idle_workers(board, 1)
     with board.worker():
         with pytest.raises(OSError, match="disk full"):
             board.run([job(i) for i in range(20)])
@@ -82,7 +69,7 @@ def test_the_first_error_is_raised_in_the_poster_once_none_of_its_chunks_runs():
 def test_a_waiting_helper_leaves_when_the_build_stops():
     stop = threading.Event()
     board = ChunkBoard(workers=2, stop=stop)
-    helpers = _helpers(board, 1)  # the other worker never leaves its conversion
+    helpers = idle_workers(board, 1)  # the other worker never leaves its conversion
     time.sleep(0.1)
     assert helpers[0].is_alive()
     stop.set()  # another worker failed: its chunks, if any, are its own to finish or drop

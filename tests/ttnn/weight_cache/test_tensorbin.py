@@ -20,6 +20,7 @@ from models.common.sharding import shard
 from models.common.weight_cache import tensor_cache, tensorbin
 from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat, to_host_ttnn
+from tests.ttnn.weight_cache.idle_workers import idle_workers
 
 CASES = [  # dtype, layout, placement, mesh, stored shape, a transposed view of it (as a family hands over)
     ("bfloat8_b", "TILE", COLUMN_PARALLEL, (1, 1), (320, 256), True),
@@ -146,14 +147,7 @@ def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, mo
     ttnn.dump_tensor(tmp_path / "whole.tensorbin", to_host_ttnn(shards, fmt, mesh))
     monkeypatch.setattr(tensorbin, "_convert", slow_poster)
     board = ChunkBoard(workers=2)
-
-    def idle_worker() -> None:
-        with board.worker():
-            pass
-        board.help()
-
-    helper = threading.Thread(target=idle_worker, name="idle-worker")
-    helper.start()
+    [helper] = idle_workers(board, 1, name="idle-worker")
     pages = RecordedPages()
     fd = os.open(tmp_path / "blocks.tensorbin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
@@ -164,6 +158,6 @@ def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, mo
         helper.join(timeout=30)
     whole = (tmp_path / "whole.tensorbin").read_bytes()
     assert (tmp_path / "blocks.tensorbin").read_bytes() == whole and written == len(whole)
-    assert "idle-worker" in converted_by, "the idle worker converted chunks"
+    assert "idle-worker-0" in converted_by, "the idle worker converted chunks"
     mapped = [ptr for kind, ptr in pages.events if kind == "map"]
     assert sorted(mapped) == sorted(ptr for kind, ptr in pages.events if kind == "drop") and len(mapped) >= 2
