@@ -7,12 +7,14 @@ actually freed. A variant is evicted in an order that keeps readers safe: with t
 build lock held (a builder is never undercut; a held lock means "skip, try next time"), its marker
 is withdrawn first (a reader starting now sees a cold cache, never a half-deleted warm one), then
 its generations are retired by the builders' own rule (a generation a reader holds is left for the
-next build, gc or warm start, and reported as deferred, not freed), and files the marker records
-outside a generation (the seed API's layout) are unlinked only where the marker proves them its
-own: regular files reached without following a symlink, with the recorded inode (else digest),
-never inside a directory that holds a cache of its own, and not recorded by another marker. Builds no marker names (failed,
-killed, or replaced while leased) go as well. A user's file beside a cache, a cache whose marker
-cannot be parsed, another model's cache: nothing else is touched.
+next build, gc or warm start, and reported as deferred, not freed), and the files the marker
+records outside a generation (the seed API's) are unlinked only where its build provably wrote
+them (recorded ``owned``: the rule of :mod:`models.common.weight_cache.compat`) and the marker
+proves each the recorded file: a regular file reached without following a symlink, with the
+recorded inode (else digest), never inside a directory that holds a cache of its own, and not
+recorded by another marker. Builds no marker names (failed, killed, or replaced while leased) go
+as well. A user's file beside a cache or in a subfolder the seed API does not write, a cache
+whose marker cannot be parsed, another model's cache: nothing else is touched.
 Recency is the last use (:mod:`models.common.weight_cache.usage`); a read-only runner that cannot
 record its uses hands them over in its ``seed --check --report`` (``gc --uses REPORT``,
 :func:`hand_over_uses`), recorded before anything is planned. Torch-free.
@@ -33,7 +35,7 @@ from models.common.fileio import unlink_beneath
 from models.common.weight_cache.gate import file_problem
 from models.common.weight_cache.generations import LockState, build_lock, retire_unnamed
 from models.common.weight_cache.layout import VariantPaths, nested_cache
-from models.common.weight_cache.marker import FileRecord, WeightCacheMarker, forget_markers, iter_markers
+from models.common.weight_cache.marker import FileRecord, forget_markers, iter_markers
 from models.common.weight_cache.side_files import read_json_record
 from models.common.weight_cache.usage import forget_use, record_use_at
 from models.tt_cache.scan import LeftoverBuild, VariantInfo, marker_stamp, scan_leftovers, scan_root
@@ -203,12 +205,6 @@ def plan_eviction(root: Path, *, max_size: int | None = None, older_than: float 
     return result
 
 
-def _flat_files(marker: WeightCacheMarker) -> dict[str, FileRecord]:
-    """Recorded files outside the marker's generation dir (the seed API's flat layout)."""
-    prefix = f"{marker.generation}/" if marker.generation else None
-    return {r.path: r for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)}
-
-
 def _proven(cache_dir: Path, record: FileRecord) -> bool:
     """Whether the file at a recorded path is the one the marker records: outside any directory
     that holds a cache of its own, a regular file (not followed through a symlink) with the
@@ -266,8 +262,8 @@ def evict(variant: VariantInfo) -> tuple[str | None, int, list[str]]:
         forget_markers()
         forget_use(paths)
         kept = _files_other_markers_keep(cache_dir, marker_file)
-        doomed = {relative for relative, record in _flat_files(marker).items()
-                  if relative not in kept and _proven(cache_dir, record)}
+        doomed = {record.path for record in marker.evictable_files()
+                  if record.path not in kept and _proven(cache_dir, record)}
         for relative in doomed:
             size = _lsize(cache_dir / relative)
             if unlink_beneath(cache_dir, relative):

@@ -117,11 +117,10 @@ def _size(path: Path) -> int:
 
 def _recorded_bytes(marker_file: Path, marker: WeightCacheMarker) -> int:
     """Bytes on disk of what evicting the variant frees: the marker, its generation (everything in
-    it) and the files it records outside one (the seed API's layout)."""
-    cache_dir, prefix = marker_file.parent, f"{marker.generation}/" if marker.generation else None
-    outside = [r for r in marker.all_files() if prefix is None or not r.path.startswith(prefix)]
+    it) and the files outside one its build wrote (the seed API's, :meth:`WeightCacheMarker.evictable_files`)."""
+    cache_dir = marker_file.parent
     inside = tree_bytes(cache_dir / marker.generation) if marker.generation else 0
-    return _size(marker_file) + inside + sum(_size(cache_dir / record.path) for record in outside)
+    return _size(marker_file) + inside + sum(_size(cache_dir / record.path) for record in marker.evictable_files())
 
 
 def scan_variant(cache_dir: Path, marker_file: Path, marker: WeightCacheMarker | None, problem: str) -> VariantInfo:

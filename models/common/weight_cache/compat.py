@@ -2,15 +2,22 @@
 """The seed design's public API, in one place, built on the cache's own internals.
 
 Callers of the seed API write the tensorbins themselves (``ttnn.as_tensor(cache_file_name=...)``
-at the top of a variant dir and in its per-layer ``layers.<n>/`` dirs), then record the build with
-:func:`mark_weight_cache_complete`; a later start asks :func:`weight_cache_is_complete` and builds
-from :func:`build_cached_state_dict`. The project's own loads go through
-:class:`~models.common.weight_cache.build.BuildTransaction` and
+anywhere in a variant dir: its top, ``layers.<n>/``, a fork's ``layer_<n>/`` or ``vision/``), then
+record the build with :func:`mark_weight_cache_complete`; a later start asks
+:func:`weight_cache_is_complete` and builds from :func:`build_cached_state_dict`. The project's own
+loads go through :class:`~models.common.weight_cache.build.BuildTransaction` and
 :class:`~models.common.weight_cache.warm_read.WarmRead`.
 
-A marker is what ``tt-cache gc`` deletes by, so it records only files that provably belong to
-the variant: the seed layout's tensorbins, or the files the caller names; never a user's other
-subfolders, never a directory that holds a cache of its own.
+**Verified wherever written, deleted only where proven written.** A marker records, for the gate,
+every tensorbin below the variant dir at any depth (or exactly the files the caller names), so a
+build's file missing or changed anywhere is a cold start; never one below a directory that holds
+a cache of its own (a nested cache, a generation), which is neither verified as this variant's nor
+deleted. Of those files, ``tt-cache gc`` may delete only the ones the build provably wrote,
+recorded ``owned``: the files the caller names, and the ones where the seed API's builds write
+(the top of the dir and ``layers.<n>/``). A tensorbin found in any other subfolder may be a
+user's, so it is recorded for the gate only and survives every eviction: a fork that wants ``gc``
+to reclaim its ``layer_<n>/`` names its files (``cache_files``). At deletion ``gc`` proves each
+owned file is still the recorded one (:mod:`models.tt_cache.gc`).
 
 Torch is imported only by the functions that return tensors, so the gate's name stays torch-free.
 """
@@ -30,8 +37,9 @@ from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, weight_cache_stat
 from models.common.weight_cache.layout import (
     TENSORBIN_SUFFIX,
     VariantPaths,
+    in_seed_layout,
     nested_cache,
-    seed_layout_files,
+    tensorbins_below,
     variant_unverifiable,
 )
 from models.common.weight_cache.marker import (
@@ -68,20 +76,21 @@ def weight_cache_is_complete(
     return status.warm
 
 
-def variant_files(paths: VariantPaths, named: Iterable[str] | None) -> list[str]:
-    """The tensorbins a marker of this variant may record: ``named`` (relative paths the caller
-    wrote), else the seed layout's (:func:`~models.common.weight_cache.layout.seed_layout_files`).
+def variant_files(paths: VariantPaths, named: Iterable[str] | None) -> dict[str, bool]:
+    """The tensorbins a marker of this variant records, each with whether its build provably wrote
+    it (the rule in the module doc): ``named`` (relative paths the caller wrote), all owned; else
+    every tensorbin below the dir, owned where :func:`~models.common.weight_cache.layout.in_seed_layout`.
     Variants sharing the dir may record the same files (``gc`` keeps what another marker records).
     Raises :class:`WeightCacheError` for a named file inside a directory that holds a cache of its
     own (recording it would let ``gc`` of this variant delete that cache's files)."""
     if named is None:
-        return seed_layout_files(paths.cache_dir)
+        return {relative: in_seed_layout(relative) for relative in tensorbins_below(paths.cache_dir)}
     files = sorted({safe_relative_path(relative) for relative in named})
     for relative in files:
         inside = nested_cache(paths.cache_dir, relative)
         if inside is not None:
             raise WeightCacheError(f"{relative} is inside {inside}, which holds a cache of its own")
-    return files
+    return dict.fromkeys(files, True)
 
 
 def mark_weight_cache_complete(
@@ -105,10 +114,9 @@ def mark_weight_cache_complete(
 
     Call it only after the whole model was built. ``state_dict`` gives the manifest (each weight's
     shape and dtype); weights matching ``is_host_weight`` are saved real to the safetensors
-    sidecar. ``cache_files`` (relative paths) are the files the build wrote; by default, the
-    tensorbins at the top of ``cache_path`` and in its ``layers.<n>/`` dirs (see
-    :func:`variant_files`: never a user's other subfolder or a nested cache).
-    They are hashed and stamped, and the marker is published last, by atomic rename. Failing to
+    sidecar. ``cache_files`` (relative paths) are the files the build wrote; by default, every
+    tensorbin below ``cache_path`` but a nested cache's (see the module doc for which of them
+    ``gc`` may delete). They are hashed and stamped, and the marker is published last, by atomic rename. Failing to
     write (read-only or full disk) only warns: the build it records succeeded."""
     from models.common.weight_cache.host_sidecar import write_host_sidecar
     from models.common.weight_cache.placeholders import manifest_of
@@ -125,13 +133,14 @@ def mark_weight_cache_complete(
             return False
         if host:
             write_host_sidecar(paths.file(paths.host_sidecar_name), host)
-        records, verified_ns = seal_files(paths.cache_dir, [*files, *([paths.host_sidecar_name] if host else [])])
+        sealed, verified_ns = seal_files(paths.cache_dir, [*files, *([paths.host_sidecar_name] if host else [])])
+        records = [dataclasses.replace(record, owned=owned) for record, owned in zip(sealed, files.values())]
         draft = draft_marker(
             model_name=model_name, model_id=model_id or model_name, content_id=content_id, n_layers=n_layers,
             mesh_shape=mesh_shape, components=components, build_variant=build_variant, is_moe=is_moe,
             model_info=model_info, model_config=model_config, weights=manifest, host_weights=host)
-        publish_marker(paths, dataclasses.replace(draft, files=records[:len(files)], verified_ns=verified_ns,
-                                                  host_sidecar=records[len(files)] if host else None))
+        publish_marker(paths, dataclasses.replace(draft, files=tuple(records), verified_ns=verified_ns,
+                                                  host_sidecar=sealed[len(files)] if host else None))
     except Exception as error:  # noqa: BLE001 - recording completion must never fail a finished build
         logger.warning(f"Could not mark weight cache {paths.cache_dir} complete: {error}")
         return False

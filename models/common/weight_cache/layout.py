@@ -24,8 +24,9 @@ A cache root (``$TT_CACHE_PATH``)::
 
 ``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
 sharing a directory never touch each other's marker, stamps or generations. Callers of the seed API
-(``mark_weight_cache_complete``) may keep tensorbins at the top of a variant dir instead of in a
-generation; the marker records where every file is.
+(``mark_weight_cache_complete``) may keep tensorbins in a variant dir itself (at its top, in
+``layers.<n>/`` or in folders of their own) instead of in a generation; the marker records where
+every file is.
 
 Per-user state that cannot go into a read-only cache (stamps, locks, use records) lives under
 :data:`models.common.envs.TT_USER_STATE`, keyed by the absolute path of what it stands for.
@@ -346,25 +347,29 @@ def nested_cache(cache_dir: Path, relative: str) -> Path | None:
     return None
 
 
-def seed_layout_files(cache_dir: str | os.PathLike) -> list[str]:
-    """The tensorbins of the seed API's layout in a variant dir, as sorted relative POSIX paths: at
-    its top and in its per-layer dirs (``layers.<n>/``, the one nesting loaders use). Any other
-    subfolder (a user's, a nested cache) is not the variant's; neither is a per-layer dir holding
-    a cache of its own. Temp files of a writer are left out; no symlink is followed."""
-    root = Path(cache_dir)
+def in_seed_layout(relative: str) -> bool:
+    """Whether a file (relative to a variant dir) is where the seed API's builds write: at the top
+    or directly in a per-layer dir ``layers.<n>/`` (the nesting this project's loaders use)."""
+    parts = relative.split("/")
+    return len(parts) == 1 or (len(parts) == 2 and _LAYER_DIR.fullmatch(parts[0]) is not None)
+
+
+def tensorbins_below(cache_dir: str | os.PathLike) -> list[str]:
+    """Every tensorbin below a variant dir, at any depth, as sorted relative POSIX paths, except
+    below a directory that holds a cache of its own (:func:`holds_own_cache`: a nested cache, a
+    generation). Temp files of a writer are left out; no symlink is followed."""
     found = []
 
-    def scan(directory: Path, prefix: str, descend: bool) -> None:
+    def scan(directory: str, prefix: str) -> None:
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
                 if entry.is_file(follow_symlinks=False):
                     if entry.name.endswith(TENSORBIN_SUFFIX) and not is_temp_path(Path(entry.name)):
                         found.append(prefix + entry.name)
-                elif (descend and entry.is_dir(follow_symlinks=False) and _LAYER_DIR.fullmatch(entry.name)
-                      and not holds_own_cache(Path(entry.path))):
-                    scan(Path(entry.path), f"{entry.name}/", False)
+                elif entry.is_dir(follow_symlinks=False) and not holds_own_cache(Path(entry.path)):
+                    scan(entry.path, f"{prefix}{entry.name}/")
 
-    scan(root, "", True)
+    scan(os.fspath(cache_dir), "")
     return sorted(found)
 
 

@@ -8,16 +8,18 @@ Marker format (``format_version`` 6), JSON, UTF-8, published atomically after a 
      "build_variant": object | null, "is_moe": bool, "model_info": {...}, "model_config": {...} | null,
      "digest_algorithm": "blake3", "verified_ns": int,
      "files": [{"path": "g1/layers.0/wq.tensorbin", "bytes": int, "digest": hex,
-                "stamp": [inode, mtime_ns, ctime_ns]}, ...],
+                "stamp": [inode, mtime_ns, ctime_ns], "owned": false}, ...],
      "host_weights": [key, ...], "host_sidecar": <file record> | null,
      "weights": {key: [[dim, ...], "torch.bfloat16"], ...}, "build_seconds": float | null}
 
 ``model_id`` is how the model was named (org included); ``content_id`` the checkpoint's content
 digest (:mod:`~models.common.weight_cache.identity`); ``verified_ns`` when the build began hashing
-its files (the racy-clock rule of :mod:`~models.common.weight_cache.stamps` needs it);
-``build_seconds`` (optional: null or absent in older markers) how long the cold build took, from
-its generation's creation to the seal, so a reader that finds the cache warm can say what it saved
-(``tt-cache seed`` statistics). Every field
+its files (the racy-clock rule of :mod:`~models.common.weight_cache.stamps` needs it); a file's
+``owned`` (optional, true when absent) whether its build provably wrote it, so that ``gc`` may
+delete it (false: the gate verifies it, nothing deletes it; the rule is in
+:mod:`~models.common.weight_cache.compat`); ``build_seconds`` (optional: null or absent in older
+markers) how long the cold build took, from its generation's creation to the seal, so a reader
+that finds the cache warm can say what it saved (``tt-cache seed`` statistics). Every field
 is type- and range-checked and every path must stay inside the cache dir: a marker is input.
 v5 and older markers read as cold (the identity and the stamps changed meaning).
 """
@@ -76,18 +78,21 @@ class MarkerFormatError(ValueError):
 
 @dataclass(frozen=True)
 class FileRecord:
-    """One file a marker vouches for: where, how big, its content digest, and its stamp when the
-    build hashed it."""
+    """One file a marker vouches for: where, how big, its content digest, its stamp when the
+    build hashed it, and whether the build provably wrote it (``owned``: ``gc`` may delete it)."""
 
     path: str
     bytes: int
     digest: str
     stamp: FileStamp | None = None
+    owned: bool = True
 
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"path": self.path, "bytes": self.bytes, "digest": self.digest}
         if self.stamp is not None:
             body["stamp"] = [self.stamp.inode, self.stamp.mtime_ns, self.stamp.ctime_ns]
+        if not self.owned:
+            body["owned"] = False
         return body
 
 
@@ -123,6 +128,13 @@ class WeightCacheMarker:
 
     def all_files(self) -> tuple[FileRecord, ...]:
         return self.files + ((self.host_sidecar,) if self.host_sidecar else ())
+
+    def evictable_files(self) -> tuple[FileRecord, ...]:
+        """The recorded files outside its generation that its build wrote (``owned``): what evicting
+        it may delete, each once proven still the recorded file (``tt-cache gc``). Its generation
+        goes by the generations' own rule."""
+        prefix = f"{self.generation}/" if self.generation else None
+        return tuple(r for r in self.all_files() if r.owned and (prefix is None or not r.path.startswith(prefix)))
 
 
 def draft_marker(
@@ -195,6 +207,7 @@ def _file_record(value: Any) -> FileRecord:
     # warm start); anything it does not accept goes through the checks below for their message.
     if type(value) is dict:
         path, size, digest, stamp = value.get("path"), value.get("bytes"), value.get("digest"), value.get("stamp")
+        owned = value.get("owned", True)
         if (
             type(path) is str
             and 0 < len(path) <= 4096
@@ -209,10 +222,11 @@ def _file_record(value: Any) -> FileRecord:
             and type(stamp) is list
             and len(stamp) == 3
             and all(type(v) is int and 0 <= v <= _MAX_STAMP for v in stamp)
+            and type(owned) is bool
         ):
-            return FileRecord(path, size, digest, tuple.__new__(FileStamp, (stamp[0], size, stamp[1], stamp[2])))
+            return FileRecord(path, size, digest, tuple.__new__(FileStamp, (stamp[0], size, stamp[1], stamp[2])), owned)
     _expect(isinstance(value, dict), lambda: f"file record {value!r} is not an object")
-    size, digest, stamp = value.get("bytes"), value.get("digest"), value.get("stamp")
+    size, digest, stamp, owned = value.get("bytes"), value.get("digest"), value.get("stamp"), value.get("owned", True)
     path = safe_relative_path(value.get("path"))
     _expect(_is_int(size, 0, _MAX_FILE_BYTES), lambda: f"file {path}: size {size!r} is not a sane byte count")
     _expect(
@@ -222,7 +236,9 @@ def _file_record(value: Any) -> FileRecord:
         stamp is None or (type(stamp) is list and len(stamp) == 3 and all(_is_int(v, 0, _MAX_STAMP) for v in stamp)),
         lambda: f"file {path}: stamp {stamp!r} is not [inode, mtime_ns, ctime_ns]",
     )
-    return FileRecord(path, size, digest, None if stamp is None else FileStamp(stamp[0], size, stamp[1], stamp[2]))
+    _expect(type(owned) is bool, lambda: f"file {path}: owned {owned!r} is not a bool")
+    stamped = None if stamp is None else FileStamp(stamp[0], size, stamp[1], stamp[2])
+    return FileRecord(path, size, digest, stamped, owned)
 
 
 def _weight_spec(key: str, value: Any) -> tuple[tuple[int, ...], str]:

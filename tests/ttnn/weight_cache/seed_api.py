@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers of the seed-API tests (``test_seed_api_*.py``): read and republish a marker, ask the
-gate, load a tensorbin.
+gate, load a tensorbin, lay a cache out as a fork does.
 
 Every cache those tests use is written by ``ttnn.as_tensor`` / ``ttnn.dump_tensor`` on the mock
 cluster (bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see models/testing/fixtures.py.
@@ -9,6 +9,8 @@ cluster (bfloat16 and bfloat8_b TILE, two mesh-sharded weights); see models/test
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,3 +42,21 @@ def as_tensor_prefix(cache, key: str) -> str:
     spec = seeder.weight_specs()[key]
     return str(cache.path(key)).removesuffix(f"_dtype_{spec.dtype.upper()}_layout_TILE.tensorbin")
 
+
+
+def relayout(cache, place: Callable[[str], str]) -> None:
+    """Move every tensorbin of a built cache to ``place(relative)`` (a fork's layout: gemma4's
+    ``layer_<n>/``, a ``vision/`` tower), as if its build had written it there."""
+    for key, relative in sorted(cache.files.items()):
+        target = place(relative)
+        (cache.root / target).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(cache.root / relative, cache.root / target)
+        cache.files[key] = target
+    for directory in sorted(cache.root.glob("layers.*")):
+        if not any(directory.iterdir()):
+            directory.rmdir()
+
+
+def recorded(root: Path, build_variant=None) -> dict[str, bool]:
+    """Every file a marker records -> whether ``gc`` may delete it (``owned``)."""
+    return {record["path"]: record.get("owned", True) for record in marker_body(root, build_variant)["files"]}

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A seed-API marker records only what is the variant's, and ``tt-cache gc`` deletes only what a
-marker proves: a user's subfolder and a nested cache beside a marked cache survive its eviction."""
+"""``tt-cache gc`` deletes only what a seed-API build provably wrote: a user's subfolder in a marked
+cache (whose tensorbins the gate verifies all the same), a fork's ``layer_<n>/`` it was not told of,
+and a nested cache (neither verified as the outer variant's nor deleted) survive its eviction."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from models.common import weight_cache as wc
 from models.testing import weight_cache_seeder as seeder
 from models.testing.tt_cache import cli_env, json_out, tt_cache
-from tests.ttnn.weight_cache.seed_api import marker_body, rewrite_marker
+from tests.ttnn.weight_cache.seed_api import marker_body, recorded, relayout, rewrite_marker, status
 
 
 @pytest.fixture
@@ -55,12 +56,48 @@ def assert_survived(world: dict) -> None:
 def test_gc_of_a_marked_cache_keeps_a_users_subfolder_and_a_nested_cache(crowded):
     root = crowded["root"]
     assert crowded["cache"].mark()
-    recorded = {record["path"] for record in marker_body(root)["files"]}
+    files = recorded(root)
     result = evict_outer(root)
     assert [Path(e["cache_dir"]) for e in result["evicted"]] == [root]
     assert_survived(crowded)
-    assert recorded == set(crowded["cache"].files.values())  # its own tensorbins, nothing else
+    # the gate verified the user's tensorbin too, but only the build's own were gc's to delete
+    assert files == {**dict.fromkeys(crowded["cache"].files.values(), True), "exports/mine.tensorbin": False}
     assert not any(root.glob("*.tensorbin")) and not any(root.glob("layers.*/*.tensorbin"))  # its own went
+
+
+def files_below(root: Path) -> dict[Path, int]:
+    return {path: path.stat().st_size for path in root.rglob("*") if path.is_file()}
+
+
+def to_layer_dirs(relative: str) -> str:
+    """gemma4's layout: ``layer_<n>/`` for this project's ``layers.<n>/``."""
+    return relative.replace("layers.", "layer_", 1)
+
+
+def test_gc_keeps_a_forks_layer_dirs_unless_the_build_named_them(built_cache):
+    """The gate verifies a fork's ``layer_<n>/`` (test_seed_api_layouts.py), but a user could have
+    put a tensorbin there, so gc deletes them only once the build named them; the bytes it says it
+    freed are the ones that went."""
+    root = built_cache.root
+    relayout(built_cache, to_layer_dirs)
+    in_layer_dirs = {path: path.read_bytes() for path in root.glob("layer_*/*.tensorbin")}
+    assert in_layer_dirs and built_cache.mark()
+    assert {path for path, owned in recorded(root).items() if not owned} == \
+        {path.relative_to(root).as_posix() for path in in_layer_dirs}
+    before = files_below(root)
+    result = evict_outer(root)
+    assert [Path(e["cache_dir"]) for e in result["evicted"]] == [root]
+    for path, data in in_layer_dirs.items():
+        assert path.read_bytes() == data, path
+    assert not any(root.glob("*.tensorbin"))
+    assert result["freed_bytes"] == sum(size for path, size in before.items() if not path.exists())
+
+    built_cache.files = seeder.build_cache(root, built_cache.state_dict)  # built again, naming its files
+    relayout(built_cache, to_layer_dirs)
+    assert built_cache.mark(cache_files=sorted(built_cache.files.values()))
+    assert all(recorded(root).values()) and status(built_cache).warm
+    evict_outer(root)
+    assert not any(root.rglob("*.tensorbin")) and not any(root.glob("layer_*"))
 
 
 def test_gc_keeps_a_nested_caches_files_even_where_a_marker_records_them(crowded):
