@@ -117,7 +117,8 @@ def _size(path: Path) -> int:
 
 def _recorded_bytes(marker_file: Path, marker: WeightCacheMarker) -> int:
     """Bytes on disk of what evicting the variant frees: the marker, its generation (everything in
-    it) and the files outside one its build wrote (the seed API's, :meth:`WeightCacheMarker.evictable_files`)."""
+    it) and the files outside one its build wrote (the seed API's:
+    :meth:`~models.common.weight_cache.marker.WeightCacheMarker.evictable_files`)."""
     cache_dir = marker_file.parent
     inside = tree_bytes(cache_dir / marker.generation) if marker.generation else 0
     return _size(marker_file) + inside + sum(_size(cache_dir / record.path) for record in marker.evictable_files())

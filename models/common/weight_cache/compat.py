@@ -115,9 +115,9 @@ def mark_weight_cache_complete(
     Call it only after the whole model was built. ``state_dict`` gives the manifest (each weight's
     shape and dtype); weights matching ``is_host_weight`` are saved real to the safetensors
     sidecar. ``cache_files`` (relative paths) are the files the build wrote; by default, every
-    tensorbin below ``cache_path`` but a nested cache's (see the module doc for which of them
-    ``gc`` may delete). They are hashed and stamped, and the marker is published last, by atomic rename. Failing to
-    write (read-only or full disk) only warns: the build it records succeeded."""
+    tensorbin below ``cache_path`` but a nested cache's (the module doc says which of them ``gc``
+    may delete). They are hashed and stamped, and the marker is published last, by atomic rename.
+    Failing to write (read-only or full disk) only warns: the build it records succeeded."""
     from models.common.weight_cache.host_sidecar import write_host_sidecar
     from models.common.weight_cache.placeholders import manifest_of
 

@@ -91,6 +91,7 @@ def test_gc_keeps_a_forks_layer_dirs_unless_the_build_named_them(built_cache):
         assert path.read_bytes() == data, path
     assert not any(root.glob("*.tensorbin"))
     assert result["freed_bytes"] == sum(size for path, size in before.items() if not path.exists())
+    assert result["evicted"][0]["size_bytes"] == result["freed_bytes"]  # as planned
 
     built_cache.files = seeder.build_cache(root, built_cache.state_dict)  # built again, naming its files
     relayout(built_cache, to_layer_dirs)
