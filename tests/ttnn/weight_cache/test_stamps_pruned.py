@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checkpoint stamp indexes (one per checkpoint location) stay bounded: CI jobs that each check a
+model out into a new directory, load it and delete it leave no index behind them; live locations
+beyond the bound evict the least recently used; concurrent loads lose and corrupt nothing; and
+nothing in the directory that is not a proven index is ever deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from models.common.weight_cache.layout import CacheRoot, location_key
+from models.common.weight_cache.stamps import MAX_LOCATION_INDEXES
+from models.testing.tiny_models import make_checkpoint
+from models.testing.tt_cache import REPO_ROOT, cli_env, tt_cache
+
+# CI jobs in one process: each copies the checkpoint into a new directory, loads it with the
+# public loader and deletes the directory; with a live location, loads that too between jobs.
+JOBS = """
+import shutil, sys, time
+from pathlib import Path
+from models.llama import LlamaLoader
+source, base, prefix, jobs, live = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+for job in range(jobs):
+    checkout = shutil.copytree(source, base / f"{prefix}-{job}" / "tiny-llama")
+    time.sleep(0.03)  # past the racy tick: its stamps are recorded
+    assert LlamaLoader(checkout, precision="bfloat16").load().weights
+    shutil.rmtree(checkout.parent)
+    for location in live:
+        assert LlamaLoader(location, precision="bfloat16").load().weights
+"""
+
+# A fresh process computing a checkpoint's content id: prints the bytes it read (the kernel's count).
+PROBE = """
+import sys
+from models.llama import LlamaLoader
+def rchar():
+    return int(next(l for l in open('/proc/self/io') if l.startswith('rchar:')).split()[1])
+loader = LlamaLoader(sys.argv[1], precision="bfloat16")
+before = rchar()
+loader.content_id
+print(rchar() - before)
+"""
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    path = make_checkpoint("llama", tmp_path_factory.mktemp("pruned-stamp-models") / "tiny-llama")
+    time.sleep(0.1)  # let the files' stamps settle before any test hashes them
+    return path
+
+
+def indexes(cache_root: Path) -> set[str]:
+    return {p.name for p in (cache_root / ".stamps" / "checkpoints").iterdir()}
+
+
+def own_index(cache_root: Path, location: Path) -> Path:
+    return CacheRoot(cache_root).checkpoint_stamps(location.name, location)
+
+
+def run_jobs(checkpoint: Path, base: Path, cache_root: Path, prefix: str, jobs: int, *live: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", JOBS, str(checkpoint), str(base), prefix, str(jobs),
+                             *map(str, live)], cwd=REPO_ROOT, env=cli_env(cache_root),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen) -> str:
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    return stderr
+
+
+def bytes_read_for_content_id(location: Path, cache_root: Path) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(location)], cwd=REPO_ROOT, env=cli_env(cache_root),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.split()[-1])
+
+
+def not_ours(directory: Path) -> dict[str, bytes | None]:
+    """Files in the index directory that are not indexes this project wrote, or that it must keep:
+    a user's file with an index's name, an index-shaped file whose location does not have the
+    name's key, one of a location gone from this host written by another host, a symlink to a
+    file elsewhere, a FIFO and a directory with indexes' names. ``name -> bytes`` (None: not a file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gone = "/nonexistent/checkouts/tiny-llama"
+    made = {
+        "notes--0123456789abcdef.json": b'{"mine": true}',
+        "forged--0123456789abcdef.json": json.dumps(
+            {"format": 1, "entries": {}, "location": gone, "host": os.uname().nodename}).encode(),
+        f"tiny-llama--{location_key(gone)}.json": json.dumps(
+            {"format": 1, "entries": {}, "location": gone, "host": "another-host"}).encode(),
+    }
+    for name, content in made.items():
+        (directory / name).write_bytes(content)
+    outside = directory.parent.parent / "elsewhere.json"
+    outside.write_bytes(b"{}")
+    (directory / "linked--fedcba9876543210.json").symlink_to(outside)
+    os.mkfifo(directory / "fifo--1111111111111111.json")
+    (directory / "folder--2222222222222222.json").mkdir()
+    return made | {"linked--fedcba9876543210.json": None, "fifo--1111111111111111.json": None,
+                   "folder--2222222222222222.json": None}
+
+
+@pytest.mark.parametrize("checkouts", [pytest.param(50, marks=pytest.mark.slow), 12])
+def test_checkouts_into_new_directories_leave_no_index_behind(checkpoint, cache_root, tmp_path, checkouts):
+    live = shutil.copytree(checkpoint, tmp_path / "live" / "tiny-llama")
+    time.sleep(0.05)
+    kept = not_ours(cache_root / ".stamps" / "checkpoints")
+    finished(run_jobs(checkpoint, tmp_path / "jobs", cache_root, "job", checkouts, live))
+    own = own_index(cache_root, live)
+    last = own_index(cache_root, tmp_path / "jobs" / f"job-{checkouts - 1}" / "tiny-llama")
+    # the live location's, the last job's (no writer since it went) and what is not ours to delete
+    assert indexes(cache_root) == {own.name, last.name, *kept}
+    directory = cache_root / ".stamps" / "checkpoints"
+    for name, content in kept.items():
+        if content is not None:
+            assert (directory / name).read_bytes() == content
+    assert (cache_root / "elsewhere.json").read_bytes() == b"{}"
+    assert json.loads(own.read_text())["location"] == str(live.resolve())
+    size = (live / "model.safetensors").stat().st_size
+    assert bytes_read_for_content_id(live, cache_root) < size // 4  # recognised by its stamps: never lost
+
+
+def test_live_locations_beyond_the_bound_evict_the_least_recently_used(checkpoint, cache_root, tmp_path):
+    """More live locations than the bound, loaded by ``tt-cache seed --check``: the bound holds, and
+    the location used again survives those created after it."""
+    places = []
+    for number in range(MAX_LOCATION_INDEXES + 3):
+        place = tmp_path / f"place-{number:03d}" / f"model-{number:03d}"  # its own name: no other index to share
+        place.mkdir(parents=True)
+        for file in checkpoint.iterdir():
+            os.link(file, place / file.name)
+        places.append(place)
+    time.sleep(0.1)  # the links changed the files' ctime: let it settle
+
+    def seed_check(models: list[Path]) -> None:
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(json.dumps({"models": [{"model": str(m), "meshes": ["N150"], "precisions": ["bfloat16"]}
+                                               for m in models]}))
+        out = tt_cache("seed", "--plan", str(plan), "--check", env=cli_env(cache_root))
+        assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr[-3000:]
+
+    seed_check(places[:MAX_LOCATION_INDEXES])
+    assert len(indexes(cache_root)) == MAX_LOCATION_INDEXES
+    seed_check([places[0], *places[MAX_LOCATION_INDEXES:]])
+    expected = {own_index(cache_root, place).name for place in [places[0], *places[4:]]}
+    assert indexes(cache_root) == expected
+
+
+@pytest.mark.parametrize("checkouts", [pytest.param(15, marks=pytest.mark.slow), 4])
+def test_concurrent_loads_never_lose_or_corrupt_an_index(checkpoint, cache_root, tmp_path, checkouts):
+    """Three processes running CI jobs at once, each loading a live location between its jobs."""
+    live = shutil.copytree(checkpoint, tmp_path / "live" / "tiny-llama")
+    time.sleep(0.05)
+    assert bytes_read_for_content_id(live, cache_root) >= (live / "model.safetensors").stat().st_size
+    jobs = [run_jobs(checkpoint, tmp_path / "jobs", cache_root, f"p{n}", checkouts, live) for n in range(3)]
+    for process in jobs:
+        assert "ignored" not in finished(process)  # no index refused as torn or malformed
+    assert len(indexes(cache_root)) <= 1 + len(jobs)  # the live one, and each job process's last one at most
+    assert json.loads(own_index(cache_root, live).read_text())["location"] == str(live.resolve())
+    assert bytes_read_for_content_id(live, cache_root) < (live / "model.safetensors").stat().st_size // 4
