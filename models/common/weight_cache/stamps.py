@@ -22,7 +22,7 @@ pruned to the files its owner still has, so it never grows past them.
 
 **Checkpoint locations come and go** (a CI job checks a model out into a new directory each time),
 and each has its own index, so their directory is bounded too, by one rule
-(:func:`prune_location_indexes`, run by whoever writes such an index):
+(:func:`_prune_location_indexes`, run by whoever writes such an index):
 
 * An index of a location that is gone from this host is deleted, if this host wrote it last (it
   records the resolved location and the host: another host may mount what this one does not).
@@ -33,10 +33,11 @@ and each has its own index, so their directory is bounded too, by one rule
   exactly an index's fields, whose recorded location has that key (written before locations were
   recorded: no location at all, then only ever evicted as least recently used). Anything else in
   the directory is never touched.
-* Writers hold the directory's lock shared while they write or touch an index, the pruner holds it
-  exclusively while it lists and deletes: no index is deleted in the middle of its write or use.
-  Neither waits long for the other: a write given up means hashing again, a prune given up is done
-  by the next writer.
+* A writer holds the directory's lock exclusively while it adds what others recorded since it
+  read the index, writes it and prunes; a use touches its index under the lock shared. So no index
+  is deleted in the middle of its write or use, and no writer loses another's stamps. Nobody waits
+  long: a write given up means hashing again. A directory that cannot be locked is not written
+  (the per-user one is).
 """
 
 from __future__ import annotations
@@ -227,8 +228,8 @@ class StampIndex:
     def save(self, keep: Iterable[str] | None = None) -> None:
         """Write the index, keeping only the paths in ``keep`` (the files its owner still has)."""
         entries = self._load()
-        if keep is not None:
-            wanted = set(keep)
+        wanted = None if keep is None else set(keep)
+        if wanted is not None:
             pruned = {relative: stamps for relative, stamps in entries.items() if relative in wanted}
             self._dirty |= len(pruned) != len(entries)
             self._entries = entries = pruned
@@ -236,27 +237,35 @@ class StampIndex:
             if self.location is not None:
                 self._touch()
             return
-        body: dict[str, Any] = {"format": INDEX_FORMAT, "entries": {
-            relative: [[*stamp, verified_ns, digest] for stamp, verified_ns, digest in stamps]
-            for relative, stamps in sorted(entries.items())}}
-        if self.location is not None:
-            body |= {"location": self.location, "host": socket.gethostname()}
-        raw = json.dumps(body, separators=(",", ":")).encode()
         for target in (self.path, self.fallback):
             if target is None:
                 continue
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with _index_lock(target.parent, exclusive=False, wanted=self.location is not None) as held:
-                    if not held:
-                        return  # a pruner that does not let go: hash again next time
-                    atomic_write_bytes(target, raw, durable=False)
+                if self.location is None:
+                    atomic_write_bytes(target, _encode(entries), durable=False)
+                elif not self._write_location_index(target, wanted):
+                    return  # another process does not let go of the directory: hash again next time
                 self._dirty = False
             except OSError:
                 continue
-            if self.location is not None:
-                prune_location_indexes(target.parent, target)
             return
+
+    def _write_location_index(self, target: Path, wanted: set[str] | None) -> bool:
+        """Under the directory's exclusive lock: add what other writers recorded since this index
+        was read (none of them loses a stamp to another), write it, prune the directory. False
+        when the lock stays taken; ``OSError`` where it cannot be taken at all."""
+        with _index_lock(target.parent, exclusive=True) as held:
+            if not held:
+                return False
+            merged = {relative: list(stamps) for relative, stamps in self._load().items()}
+            _merge(merged, _read_json(target))
+            if wanted is not None:
+                merged = {relative: stamps for relative, stamps in merged.items() if relative in wanted}
+            self._entries = merged
+            atomic_write_bytes(target, _encode(merged, self.location), durable=False)
+            _prune_location_indexes(target.parent, target)
+        return True
 
     def _touch(self) -> None:
         """Mark this location's index used now (the pruner evicts the least recently used)."""
@@ -274,27 +283,25 @@ class StampIndex:
 Entries = dict[str, list[tuple[FileStamp, int, str]]]
 
 
+def _encode(entries: Entries, location: str | None = None) -> bytes:
+    body: dict[str, Any] = {"format": INDEX_FORMAT, "entries": {
+        relative: [[*stamp, verified_ns, digest] for stamp, verified_ns, digest in stamps]
+        for relative, stamps in sorted(entries.items())}}
+    if location is not None:
+        body |= {"location": location, "host": socket.gethostname()}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 @contextlib.contextmanager
-def _index_lock(directory: Path, *, exclusive: bool, wanted: bool = True) -> Iterator[bool]:
+def _index_lock(directory: Path, *, exclusive: bool) -> Iterator[bool]:
     """Hold the lock of a directory of location indexes for the block; yields whether it is held
-    (False after :data:`INDEX_LOCK_WAIT_S`). Where no lock can be opened or taken (a read-only
-    directory without one, a file system without ``flock``) a writer goes on unlocked, and
-    nothing there is pruned. ``wanted=False``: no lock (an index of no location)."""
-    if not wanted:
-        yield True
-        return
-    try:
-        fd = open_lock_file(index_directory_lock(directory))
-    except OSError:
-        yield not exclusive
-        return
+    (False after :data:`INDEX_LOCK_WAIT_S`). ``OSError`` where it cannot be opened or locked at
+    all (a read-only directory without one, a file system without ``flock``)."""
+    fd = open_lock_file(index_directory_lock(directory))
     try:
         deadline = time.monotonic() + INDEX_LOCK_WAIT_S
-        try:
-            while not (held := try_flock(fd, exclusive=exclusive)) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        except OSError:
-            held = not exclusive
+        while not (held := try_flock(fd, exclusive=exclusive)) and time.monotonic() < deadline:
+            time.sleep(0.01)
         yield held
     finally:
         os.close(fd)
@@ -307,26 +314,22 @@ class _LocationIndex(NamedTuple):
     host: str | None
 
 
-def prune_location_indexes(directory: Path, own: Path) -> list[Path]:
+def _prune_location_indexes(directory: Path, own: Path) -> list[Path]:
     """Delete the checkpoint-location indexes in ``directory`` whose location is gone from this
-    host, then the least recently used beyond :data:`MAX_LOCATION_INDEXES`, under the directory's
-    exclusive lock (see the module doc). ``own``, the index just written, is never one. Returns
-    what was deleted."""
-    with _index_lock(directory, exclusive=True) as held:
-        if not held:
-            logger.debug(f"{directory}: another process holds its lock; the next writer prunes it")
-            return []
-        indexes = _proven_location_indexes(directory)
-        host = socket.gethostname()
-        gone = [index for index in indexes if index.path != own and index.host == host
-                and index.location is not None and _location_gone(index.location)]
-        kept = sorted((index for index in indexes if index not in gone), key=lambda index: -index.used_ns)
-        evicted = [index for index in kept[MAX_LOCATION_INDEXES:] if index.path != own]
-        deleted = []
-        for index in gone + evicted:
-            with contextlib.suppress(FileNotFoundError):
-                index.path.unlink()
-                deleted.append(index.path)
+    host, then the least recently used beyond :data:`MAX_LOCATION_INDEXES` (call with the
+    directory's lock held exclusively; see the module doc). ``own``, the index just written, is
+    never one. Returns what was deleted."""
+    indexes = _proven_location_indexes(directory)
+    host = socket.gethostname()
+    gone = [index for index in indexes if index.path != own and index.host == host
+            and index.location is not None and _location_gone(index.location)]
+    kept = sorted((index for index in indexes if index not in gone), key=lambda index: -index.used_ns)
+    evicted = [index for index in kept[MAX_LOCATION_INDEXES:] if index.path != own]
+    deleted = []
+    for index in gone + evicted:
+        with contextlib.suppress(FileNotFoundError):
+            index.path.unlink()
+            deleted.append(index.path)
     if deleted:
         logger.debug(f"{directory}: pruned {len(deleted)} checkpoint stamp index(es) "
                      f"({len(gone)} of locations gone, {len(evicted)} least recently used)")
