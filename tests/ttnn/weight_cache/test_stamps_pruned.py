@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from models.common.weight_cache.layout import CacheRoot, location_key
+from models.common.weight_cache.layout import CacheRoot, location_key, path_key
 from models.common.weight_cache.stamps import MAX_LOCATION_INDEXES
 from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import REPO_ROOT, cli_env, tt_cache
@@ -79,10 +79,11 @@ def own_index(cache_root: Path, location: Path) -> Path:
 
 
 def run_jobs(how: str, checkpoint: Path, base: Path, cache_root: Path, prefix: str, jobs: int,
-             *live: Path) -> subprocess.Popen:
+             *live: Path, user_state: Path | None = None) -> subprocess.Popen:
     base.mkdir(parents=True, exist_ok=True)
+    env = cli_env(cache_root, **({"TT_USER_STATE": str(user_state)} if user_state else {}))
     return subprocess.Popen([sys.executable, "-c", JOBS, how, str(checkpoint), str(base), prefix, str(jobs),
-                             *map(str, live)], cwd=REPO_ROOT, env=cli_env(cache_root),
+                             *map(str, live)], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -186,3 +187,23 @@ def test_concurrent_loads_never_lose_or_corrupt_an_index(checkpoint, cache_root,
     assert json.loads(own_index(cache_root, live).read_text())["location"] == str(live.resolve())
     size = (live / "model.safetensors").stat().st_size
     assert bytes_read_for_content_id(live, cache_root) < first_sight - size // 2  # recognised by its stamps
+
+
+def test_a_users_own_indexes_beside_a_read_only_root_stay_bounded(checkpoint, cache_root, readonly_view, tmp_path):
+    """Where the root is read-only each user keeps checkpoint indexes in their own state, beside the
+    variants' stamps: the same rule prunes the former and never touches the latter."""
+    cache_root.mkdir()
+    view = readonly_view(cache_root)
+    user_state = tmp_path / "user-state"
+    stamps = user_state / "stamps"
+    stamps.mkdir(parents=True)
+    variant_stamps = stamps / f"{path_key(tmp_path)}.0123456789ab.json"  # a variant's, per user
+    variant_stamps.write_bytes(b'{"format": 1, "entries": {}}')
+    live = shutil.copytree(checkpoint, tmp_path / "live" / "tiny-llama")
+    time.sleep(0.05)
+    finished(run_jobs("check", checkpoint, tmp_path / "jobs", view, "job", 8, live, user_state=user_state))
+    assert not (cache_root / ".stamps").exists()
+    own = stamps / CacheRoot(view).user_checkpoint_stamps("tiny-llama", live).name
+    assert {p.name for p in stamps.iterdir()} == {own.name, variant_stamps.name}
+    assert json.loads(own.read_text())["location"] == str(live.resolve())
+    assert variant_stamps.read_bytes() == b'{"format": 1, "entries": {}}'
