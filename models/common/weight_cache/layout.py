@@ -20,7 +20,7 @@ A cache root (``$TT_CACHE_PATH``)::
                 .generation.<g... or .retired-...>  the record of a generation being made or deleted,
                                                     kept beside it while its own may be missing
         .stamps/checkpoints/<name>--<key>.json      checkpoint digests, stamped, per checkpoint location
-        .stamps/.checkpoints.lock                   held while those are written (shared) or pruned
+        .stamps/.checkpoints.lock                   held to write one of those and prune them (a use: shared)
         prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
 ``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
