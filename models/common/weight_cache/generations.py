@@ -21,8 +21,13 @@ in one place:
   record is renamed into it. A deletion runs the other way: every file but the record, then the
   record out beside it, the empty directory, the record last. So a kill at any point leaves either
   a generation with its record or a record beside what it names; the next holder of the build lock
-  (a build, ``gc``, ``clean``) finishes the work, and ``ls`` counts it until then. A record beside
-  is left alone while its writer lives (same host: its pid; another host: 10 minutes).
+  (a build, ``gc``, ``clean``) finishes the work, and ``ls`` counts it until then.
+* **Who may still be at work on a record beside** is told by its name. Beside a generation's own
+  name it is a making's (or the making's own undoing): left alone while the builder it names lives
+  (same host: its pid; another host: 10 minutes). Beside a renamed-aside name it is a retirement's,
+  and the builder it names is not the retirer (a server that built a generation outlives its
+  retirement by someone else): a retirement runs only under the build lock, so the next holder
+  finishes it whoever built the generation and whether or not that builder lives.
 * **Leases** ``<generation>/.readers``: a reader holds a shared ``flock`` on it while it opens the
   generation's files (``ttnn.load_tensor`` maps them; a mapping outlives the unlink), and the
   builder holds one for as long as it writes. Nobody waits for it: a refused lease means the
@@ -388,7 +393,7 @@ def interrupted_work(paths: VariantPaths) -> list[tuple[Path, GenerationRecord]]
     """What killed makings and retirements of this variant left, with the record that proves it
     ours: renamed-aside generations (their record inside names the generation they were), and
     whatever a record beside names (the directory, or the record alone when the directory is
-    gone). Never one whose writer lives."""
+    gone). Never a making whose builder lives (see the module doc)."""
     found: dict[Path, GenerationRecord] = {}
     with contextlib.suppress(OSError), os.scandir(paths.cache_dir) as entries:
         for entry in entries:
@@ -428,8 +433,9 @@ def _retired_from(directory: str, generation: str) -> bool:
 
 
 def _pending_target(paths: VariantPaths, pending: Path) -> tuple[Path, GenerationRecord] | None:
-    """The directory a record beside names, if the record is this variant's, names it (the
-    generation itself, or one renamed aside from it) and its writer is gone."""
+    """The directory a record beside names, if the record is this variant's and names it: one
+    renamed aside from the generation (a retirement's), or the generation itself once its builder
+    is gone (a making's)."""
     try:
         if not stat.S_ISREG(os.lstat(pending).st_mode):
             return None
@@ -440,15 +446,17 @@ def _pending_target(paths: VariantPaths, pending: Path) -> tuple[Path, Generatio
     directory = pending.name[len(PENDING_RECORD_PREFIX):]
     if record is None or record.variant != paths.tag:
         return None
-    if directory != record.name and not _retired_from(directory, record.name):
-        return None
-    if _writer_alive(record, mtime):
+    if directory == record.name:
+        if _builder_alive(record, mtime):
+            return None
+    elif not _retired_from(directory, record.name):
         return None
     return paths.cache_dir / directory, record
 
 
-def _writer_alive(record: GenerationRecord, mtime: float) -> bool:
-    """Whether the process that wrote ``record`` may still be making or deleting its directory."""
+def _builder_alive(record: GenerationRecord, mtime: float) -> bool:
+    """Whether the builder that wrote ``record`` beside its generation may still be making it (or
+    undoing a making that failed)."""
     if record.host != socket.gethostname():
         return time.time() - mtime < OTHER_HOST_WRITER_S
     if record.pid <= 0 or record.pid == os.getpid():

@@ -20,6 +20,7 @@ A cache root (``$TT_CACHE_PATH``)::
                 .generation.<g... or .retired-...>  the record of a generation being made or deleted,
                                                     kept beside it while its own may be missing
         .stamps/checkpoints/<name>--<key>.json      checkpoint digests, stamped, per checkpoint location
+        .stamps/.checkpoints.lock                   held to write one of those and prune them (a use: shared)
         prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
 ``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
@@ -68,6 +69,7 @@ PRECISIONS = ("bfloat16", "bfloat8_b", "bfloat4_b", "float32")  # ttnn dtypes a 
 
 _GENERATION_NAME = re.compile(r"g[0-9a-f]{1,20}-[0-9a-f]{6}")
 _MESH_DIR = re.compile(r"mesh_\d+x\d+(-layers\d+)?")
+_LOCATION_INDEX_NAME = re.compile(r"[^/]+--([0-9a-f]{16})\.json")
 _LAYER_DIR = re.compile(r"layers\.\d+")  # a loader's per-layer directory (``layers.3/wq_...tensorbin``)
 
 
@@ -294,7 +296,24 @@ class CacheRoot:
 def checkpoint_key(checkpoint_dir: Path) -> str:
     """Which checkpoint location a stamp index is of: its resolved path (two hosts mounting one
     export at one path share it; a device number would not be shared)."""
-    return path_key(Path(os.path.realpath(checkpoint_dir)))[:16]
+    return location_key(os.path.realpath(checkpoint_dir))
+
+
+def location_key(resolved: str) -> str:
+    """The key of a resolved checkpoint location: what its stamp index's file name ends with."""
+    return path_key(Path(resolved))[:16]
+
+
+def location_index_key(file_name: str) -> str | None:
+    """The location key a checkpoint stamp index's file name ends with (``...--<key>.json``, in the
+    root or in a user's state), or None for any other name."""
+    found = _LOCATION_INDEX_NAME.fullmatch(file_name)
+    return found.group(1) if found else None
+
+
+def index_directory_lock(directory: Path) -> Path:
+    """The lock of a directory of stamp indexes: beside it, so a listing of it holds only indexes."""
+    return directory.parent / f".{directory.name}.lock"
 
 
 def _keyed_stamps(name: str, file_name: str) -> bool:

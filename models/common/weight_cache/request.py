@@ -82,7 +82,7 @@ class CacheRequest:
         root = CacheRoot(self.cache_root)
         name, location = self.model_name, self.checkpoint_dir
         stamps = StampIndex(root.checkpoint_stamps(name, location), root.user_checkpoint_stamps(name, location),
-                            root.shared_checkpoint_stamps(name, location))
+                            root.shared_checkpoint_stamps(name, location), location=location)
         return content_id(self.checkpoint_dir, stamps)
 
     @property
