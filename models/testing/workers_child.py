@@ -6,9 +6,9 @@
 it and seed the checkpoint, in this one process; one line ``BUILD {json}`` per build (its outcome,
 its first error, its seconds, what the cache dir holds after it, and whether the build lock is free).
 
-``python -m models.testing.workers_child interrupt CHECKPOINT CACHE_ROOT WORKERS``: first the time
-one chunk of the checkpoint's largest weight takes to convert here (``CHUNK {json}``), then a seed
-that the parent interrupts; ``STOPPED {json}`` once the interrupt reached this process's code.
+``python -m models.testing.workers_child interrupt CHECKPOINT CACHE_ROOT WORKERS PRECISION``: first the
+time one chunk of the LM head takes to convert here, as the build converts it (``CHUNK {json}``), then
+a seed that the parent interrupts; ``STOPPED {json}`` once the interrupt reached this process's code.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ def lock_is_free(lock: Path) -> bool:
         os.close(fd)
 
 
-def _loader(checkpoint: str, cache_root: str, workers: int):
+def _loader(checkpoint: str, cache_root: str, workers: int, precision: str = "bfloat16"):
     from models.common.checkpoint import read_config, resolve_checkpoint_dir
     from models.registry import family_of, loader_class
 
     family = family_of(read_config(resolve_checkpoint_dir(checkpoint)))
-    return loader_class(family)(checkpoint, precision="bfloat16", cache_root=cache_root, workers=workers, force=True)
+    return loader_class(family)(checkpoint, precision=precision, cache_root=cache_root, workers=workers, force=True)
 
 
 def descriptors(checkpoint: str, cache_root: str, workers: int, limits: list[str]) -> None:
@@ -71,8 +71,9 @@ def descriptors(checkpoint: str, cache_root: str, workers: int, limits: list[str
 
 
 def chunk_seconds(checkpoint: str, loader) -> float:
-    """Seconds ``ttnn.from_torch`` takes for one chunk (``BLOCK_BYTES`` of source) of the largest
-    checkpoint tensor, in the format the build converts it to (the median of three)."""
+    """Seconds ``ttnn.from_torch`` takes for one chunk (``BLOCK_BYTES`` of source) of the LM head as
+    the build converts it: columns of the transposed head, in TILE layout at the loader's precision
+    (the median of three)."""
     import ttnn
 
     from models.common.safetensors_file import CheckpointReader
@@ -80,22 +81,21 @@ def chunk_seconds(checkpoint: str, loader) -> float:
 
     reader = CheckpointReader(Path(checkpoint), loader.key_rules)
     try:
-        key = max(reader.keys(), key=lambda k: reader.get(k).numel())
-        tensor = reader.get(key)
-        rows = max(32, BLOCK_BYTES // (tensor.shape[1] * tensor.element_size()) // 32 * 32)
-        chunk = tensor[:rows].clone()
+        head = reader.get("output.weight")
+        columns = max(32, BLOCK_BYTES // (head.shape[1] * head.element_size()) // 32 * 32)
+        chunk = head.transpose(0, 1)[:, :columns]
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            ttnn.from_torch(chunk, dtype=loader.precision_dtype(), layout=ttnn.TILE_LAYOUT)
+            times.append(time.perf_counter() - start)
     finally:
         reader.close()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        ttnn.from_torch(chunk, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
-        times.append(time.perf_counter() - start)
     return sorted(times)[1]
 
 
-def interrupt(checkpoint: str, cache_root: str, workers: int) -> None:
-    loader = _loader(checkpoint, cache_root, workers)
+def interrupt(checkpoint: str, cache_root: str, workers: int, precision: str) -> None:
+    loader = _loader(checkpoint, cache_root, workers, precision)
     print("CHUNK " + json.dumps({"seconds": chunk_seconds(checkpoint, loader)}), flush=True)
     try:
         loader.seed()
@@ -112,7 +112,7 @@ def main() -> None:
     if mode == "descriptors":
         descriptors(checkpoint, cache_root, int(workers), rest)
     elif mode == "interrupt":
-        interrupt(checkpoint, cache_root, int(workers))
+        interrupt(checkpoint, cache_root, int(workers), *rest)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
