@@ -232,6 +232,7 @@ def describe() -> list[tuple[str, str, str]]:
 
 def _shown(variable: EnvVar) -> str:
     try:
-        return str(variable.read())
+        value = variable.read()
     except BadValue as error:
         return f"refused: {error}"
+    return "" if value is None and variable.kind is not None else str(value)  # unset: the reader's own default
