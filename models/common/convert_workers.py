@@ -3,8 +3,8 @@
 
 ``ttnn.from_torch``, torch's copies and file writes release the GIL, so threads convert side by side
 without a second interpreter and its imports (Ray's fixed start, 11-15 s here; Ray stays the engine
-for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own
-mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
+for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own view
+of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
 units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
 The workers share one :class:`~models.common.safetensors_file.CheckpointReader`'s mappings, each
