@@ -3,10 +3,12 @@
 
 ``ttnn.from_torch``, torch's copies and file writes release the GIL, so threads convert side by side
 without a second interpreter and its imports (Ray's fixed start, 11-15 s here; Ray stays the engine
-for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own
-mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
+for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own view
+of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
 units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
+The workers share one :class:`~models.common.safetensors_file.CheckpointReader`'s mappings, each
+shard mapped when first read: a 191-shard checkpoint holds 191 descriptors on any number of workers.
 
 A worker with no unit left converts chunks of the large weights others are still writing block by
 block (:mod:`~models.common.weight_cache.chunk_board`): the build's last large weight, an LM head,
@@ -16,14 +18,24 @@ Memory: a worker holds one unit at a time, streaming as a seed does. A large wei
 by block (:mod:`~models.common.weight_cache.tensorbin`), so what a worker holds is a few chunks, or a
 weight small enough to be converted whole (a fused QKV: about 0.5 GB at Llama-70B shapes). The bound
 is the one-worker bound plus that much per further worker.
+
+How many: ``workers=``, else ``$TT_CONVERT_WORKERS`` (both accept what the ``envs`` table declares),
+else one per CPU this process may use (:func:`~models.common.cpus.usable_cpus`: its affinity mask
+and its cgroup's CPU quota); then never more than the plan has units of work (:func:`fit_workers`).
+
+The rule of a failure: whatever ends a worker (its reader cannot open a shard, a conversion
+raises, an interrupt reaches the build's thread) stops the build: it leaves the chunk board in
+any case (no helper waits for it), it sets the stop every other worker looks at before each unit
+and each chunk, and the first real error is raised once all have stopped; the caller's
+transaction then removes what they wrote and lets the build lock go.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,25 +43,36 @@ from typing import Any
 
 from models.common import envs
 from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
+from models.common.cpus import usable_cpus
 from models.common.safetensors_file import CheckpointReader
-from models.common.weight_cache.chunk_board import ChunkBoard
-from models.common.weight_cache.tensor_cache import TensorCache, tensorbin_name
+from models.common.weight_cache.chunk_board import BuildStopped, ChunkBoard
+from models.common.weight_cache.tensor_cache import STREAM_BLOCKS_FROM, TensorCache, tensorbin_name
+from models.common.weight_cache.tensorbin import BLOCK_BYTES
 
 
 def convert_workers(requested: int | None) -> int:
     """Workers for a cold build: ``requested``, else ``$TT_CONVERT_WORKERS``, else one per CPU this
-    process may run on."""
-    if requested is None:
-        text = envs.TT_CONVERT_WORKERS.strip()
-        if text and not text.isdigit():
-            raise ValueError(f"TT_CONVERT_WORKERS={text!r}: expected a whole number (0 or 1: one worker)")
-        requested = int(text) if text else len(os.sched_getaffinity(0))
-    if type(requested) is not int or requested < 0:
-        raise ValueError(f"workers {requested!r}: expected a whole number >= 0")
-    return max(1, requested)
+    process may use. A bad value is a ``ValueError`` naming the argument or the variable."""
+    if requested is not None:
+        requested = envs.CONVERT_WORKERS.check("workers=", requested)
+    else:
+        requested = envs.TT_CONVERT_WORKERS
+    return max(1, requested if requested is not None else usable_cpus())
 
 
-class WorkerFailed(RuntimeError):
+def units_of_work(plan: Sequence[PlannedWeight]) -> int:
+    """What workers can share: each unit, and each further chunk of a weight written block by block
+    (an idle worker converts those beside its poster)."""
+    extra_chunks = sum(-(-w.input_bytes // BLOCK_BYTES) - 1 for w in plan if w.input_bytes >= STREAM_BLOCKS_FROM)
+    return len({w.unit for w in plan}) + extra_chunks
+
+
+def fit_workers(workers: int, plan: Sequence[PlannedWeight]) -> int:
+    """No more workers than the plan has units of work: one more would only wait."""
+    return max(1, min(workers, units_of_work(plan)))
+
+
+class WorkerFailed(BuildStopped):
     """Another worker of the same build failed: this one stops at its next unit."""
 
 
@@ -82,30 +105,32 @@ class WorkersResult:
 
 def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_pending_bytes: int,
                        on_written: Callable[[str, int], None] | None = None) -> WorkersResult:
-    """Convert every weight of ``loader``'s build into the generation ``root`` on ``workers`` threads
-    (streaming: nothing kept). The first error of any worker is raised once all have stopped; the
-    caller's transaction then removes what they wrote. Call it inside ``conversion_threads()``."""
+    """Convert every weight of ``loader``'s build into the generation ``root`` on at most ``workers``
+    threads (fitted to the plan; streaming: nothing kept). The first error of any worker is raised
+    once all have stopped; the caller's transaction then removes what they wrote. Call it inside
+    ``conversion_threads()``."""
     plan: list[PlannedWeight] = plan_weights(loader, args)
+    workers = fit_workers(workers, plan)
     claims = _Claims()
     board = ChunkBoard(workers, stop=claims.failed)
     caches: list[TensorCache] = []
+    shared = CheckpointReader(loader.checkpoint_dir, loader.key_rules)  # its shards mapped as first read
 
     def work(_: int) -> list[str]:
-        reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
         try:
-            with TensorCache(root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
-                             on_written=on_written, chunk_board=board) as cache:
-                caches.append(cache)
-                sink = PartSink(cache, PartState(reader), plan, claims.claim)
-                with board.worker():
-                    loader.convert(sink, args)
+            with contextlib.ExitStack() as held:
+                with board.worker():  # left whatever ends the worker: no helper waits for it
+                    reader = shared.sharing_maps()
+                    cache = held.enter_context(TensorCache(
+                        root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
+                        on_written=on_written, chunk_board=board))
+                    caches.append(cache)
+                    loader.convert(PartSink(cache, PartState(reader), plan, claims.claim), args)
                 board.help()  # no unit left: the chunks of the large weights others still convert
                 return cache.finish()
         except BaseException:
             claims.failed.set()
             raise
-        finally:
-            reader.close()
 
     start = time.perf_counter()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="convert-worker")
@@ -117,9 +142,10 @@ def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_
         raise
     finally:
         pool.shutdown(wait=True)
+        shared.close()
     errors = [f.exception() for f in futures if f.exception() is not None]
     if errors:
-        raise next((e for e in errors if not isinstance(e, WorkerFailed)), errors[0])
+        raise next((e for e in errors if not isinstance(e, BuildStopped)), errors[0])
     written = {path for f in futures for path in f.result()}
     files = [tensorbin_name(w.name, w.fmt) for w in plan]
     missing = [f for f in files if f not in written]

@@ -5,6 +5,12 @@ Read them as attributes, ``envs.TT_CACHE_PATH``: each read consults ``os.environ
 or a parent process that sets a variable is seen at once, and no module keeps a stale copy.
 ``describe()`` prints the table (``tt-cache env``).
 
+A variable whose value is a count declares its type in the table (:class:`WholeNumber`: the range
+it accepts and what unset means), and the one rule for it lives there: every read parses it, and a
+value outside it is a :class:`BadValue` naming the variable and what it accepts, never a silent
+default. The Python arguments the variables stand in for (a loader's ``workers=``, ``prefetch=``)
+are checked by the same declaration (:meth:`WholeNumber.check`), so both accept the same values.
+
 Variables owned by other programs (the Hugging Face hub's, ttnn's) are read here by their owners'
 rules, so the project agrees with them about where things are.
 """
@@ -62,10 +68,64 @@ def _hub_cache() -> Path:
     return Path(expand(os.environ.get("HF_HUB_CACHE", legacy)))
 
 
+class BadValue(ValueError):
+    """A variable or argument outside what it accepts: one line naming it and what it accepts
+    (the CLI's exit 2, a ``ValueError`` from the Python API)."""
+
+
+@dataclass(frozen=True)
+class WholeNumber:
+    """A count: a whole number from ``low`` to ``high``; unset or empty is ``default`` (None: the
+    reader's own default, ``unset`` says which)."""
+
+    low: int
+    high: int
+    default: int | None
+    unset: str  # what unset means, for the help and the error lines
+    meaning: str = ""  # what particular values mean ("0: off")
+
+    @property
+    def accepts(self) -> str:
+        extra = f"; {self.meaning}" if self.meaning else ""
+        return f"a whole number from {self.low} to {self.high} ({self.unset}{extra})"
+
+    def parse(self, name: str, text: str | None) -> int | None:
+        """The value of variable ``name`` set to ``text``."""
+        text = (text or "").strip()
+        if not text:
+            return self.default
+        if not (text.isascii() and text.isdigit()) or not self.low <= int(text) <= self.high:
+            raise BadValue(f"{name}={text!r}: expected {self.accepts}")
+        return int(text)
+
+    def check(self, what: str, value: object) -> int:
+        """``value`` of the argument ``what`` (``workers=``), accepted as the variable's value is:
+        an ``int`` in range (not a bool, not a float)."""
+        if type(value) is not int or not self.low <= value <= self.high:
+            raise BadValue(f"{what}{value!r}: expected {self.accepts}")
+        return value
+
+
+def _whole_number(name: str, kind: WholeNumber) -> Callable[[], int | None]:
+    return lambda: kind.parse(name, os.environ.get(name))
+
+
 @dataclass(frozen=True)
 class EnvVar:
     read: Callable[[], Any]
     help: str
+    kind: WholeNumber | None = None  # a typed variable: read() parses (and refuses) by it
+
+    @classmethod
+    def count(cls, name: str, kind: WholeNumber, help: str) -> EnvVar:
+        """A count variable: its help ends with what it accepts."""
+        return cls(_whole_number(name, kind), f"{help}: {kind.accepts}", kind)
+
+
+MAX_CONVERT_WORKERS = 256  # a worker holds about 0.5 GB at 70B shapes: far past any host's memory
+MAX_PREFETCH_THREADS = 64  # streams at once: past this a disk only seeks
+CONVERT_WORKERS = WholeNumber(0, MAX_CONVERT_WORKERS, None, "unset: one per CPU", "0 or 1: one worker")
+PREFETCH_THREADS = WholeNumber(0, MAX_PREFETCH_THREADS, 4, "unset: 4", "0: off")
 
 
 ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
@@ -76,11 +136,12 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "TT_TRANSFORMERS_FORCE_MODEL_LOAD": EnvVar(
         _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
         "1/true/yes: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
-    "TT_CONVERT_WORKERS": EnvVar(
-        _text("TT_CONVERT_WORKERS", ""),
-        "threads converting a cold build's weights (default: one per CPU; 1: one; loaders also take workers=)"),
-    "TT_PREFETCH_THREADS": EnvVar(
-        _text("TT_PREFETCH_THREADS", ""), "threads reading a warm cache's files ahead of use (default 4; 0: off)"),
+    "TT_CONVERT_WORKERS": EnvVar.count(
+        "TT_CONVERT_WORKERS", CONVERT_WORKERS,
+        "threads converting a cold build's weights, at most one per unit of work (loaders also take workers=)"),
+    "TT_PREFETCH_THREADS": EnvVar.count(
+        "TT_PREFETCH_THREADS", PREFETCH_THREADS,
+        "threads reading a warm cache's files ahead of use (loaders also take prefetch=)"),
     "TT_USER_STATE": EnvVar(
         lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
         "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),
@@ -156,6 +217,22 @@ def __dir__() -> list[str]:
     return sorted(ENVIRONMENT_VARIABLES)
 
 
+def check() -> None:
+    """Read every typed variable: the first bad value is a :class:`BadValue` (the CLI checks them
+    before it starts a build, so a bad one is refused at once, never midway)."""
+    for variable in ENVIRONMENT_VARIABLES.values():
+        if variable.kind is not None:
+            variable.read()
+
+
 def describe() -> list[tuple[str, str, str]]:
-    """(name, current value, what it does) for every variable."""
-    return [(name, str(variable.read()), variable.help) for name, variable in ENVIRONMENT_VARIABLES.items()]
+    """(name, current value, what it does) for every variable; a bad value is shown with why."""
+    return [(name, _shown(variable), variable.help) for name, variable in ENVIRONMENT_VARIABLES.items()]
+
+
+def _shown(variable: EnvVar) -> str:
+    try:
+        value = variable.read()
+    except BadValue as error:
+        return f"refused: {error}"
+    return "" if value is None and variable.kind is not None else str(value)  # unset: the reader's own default

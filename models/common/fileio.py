@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import blake3
 
+from models.common.cpus import usable_cpus
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -287,15 +289,7 @@ CONTENT_DIGEST_ALGORITHM = "blake3"
 HASH_READ_BYTES = 1 << 20
 
 
-def affinity_cpus() -> frozenset[int]:
-    """The CPUs this process may run on."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return frozenset(range(os.cpu_count() or 1))
-
-
-HASH_THREADS = max(1, min(8, len(affinity_cpus())))  # files hashed at once: hashing is CPU-bound, one per core
+HASH_THREADS = min(8, usable_cpus())  # files hashed at once: hashing is CPU-bound, one per core
 
 
 def _hasher(algorithm: str) -> Any:

@@ -158,9 +158,10 @@ class WeightLoader(ABC):
         """``force``: build cold even when the cache is warm (default: ``$TT_TRANSFORMERS_FORCE_MODEL_LOAD``,
         read from ``force_env``). ``cache_dir``: this exact directory instead of one under
         ``cache_root`` (still checked to be this checkpoint's). ``prefetch``: threads reading a warm
-        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off). ``workers``: threads
-        converting a cold build that streams (a seed, a cold load on the host; default
-        ``$TT_CONVERT_WORKERS``, else one per CPU; see :mod:`models.common.convert_workers`)."""
+        cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off; 0 to 64). ``workers``:
+        threads converting a cold build that streams (a seed, a cold load on the host; default
+        ``$TT_CONVERT_WORKERS``, else one per CPU this process may use; 0 to 256; never more than the
+        plan's units of work; see :mod:`models.common.convert_workers`). A bad count is a ``ValueError``."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):

@@ -37,7 +37,7 @@ from loguru import logger
 from models.common import envs
 from models.common.fileio import open_regular
 
-DEFAULT_THREADS = 4  # as many streams as the parallel-read floor's readers (docs/seeding.md)
+DEFAULT_THREADS = envs.PREFETCH_THREADS.default  # 4: as many streams as the parallel-read floor's readers (docs/seeding.md)
 PIECE_BYTES = 16 << 20  # pieces near the consumer: 64 MiB ones let it overtake them (docs/seeding.md)
 HEAD_BYTES = 256 << 10  # more than a tensorbin's header and the first pages a mapping touches
 READ_BYTES = 1 << 20  # the buffer of the plain-read fallback
@@ -47,13 +47,11 @@ _NO_SENDFILE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 def prefetch_threads(requested: int | None) -> int:
-    """Threads to prefetch with: ``requested``, else ``$TT_PREFETCH_THREADS``, else ``DEFAULT_THREADS``."""
-    if requested is None:
-        text = envs.TT_PREFETCH_THREADS.strip()
-        requested = int(text) if text.isdigit() else DEFAULT_THREADS
-    if requested < 0:
-        raise ValueError(f"prefetch threads must be >= 0, got {requested}")
-    return requested
+    """Threads to prefetch with: ``requested``, else ``$TT_PREFETCH_THREADS``, else ``DEFAULT_THREADS``
+    (both accept what the ``envs`` table declares; a bad value is a ``ValueError`` naming it)."""
+    if requested is not None:
+        return envs.PREFETCH_THREADS.check("prefetch=", requested)
+    return envs.TT_PREFETCH_THREADS
 
 
 def is_cached(fd: int, offset: int, length: int) -> bool:

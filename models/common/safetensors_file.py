@@ -14,6 +14,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ def safetensors_header(specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -
     return struct.pack("<Q", len(raw)) + raw, offsets
 
 
+def _file_identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
     """Write ``tensors`` in the format :class:`SafetensorsFile` reads (the ``safetensors``
     package reads it too), straight from each tensor's memory: no staging copy, and tensors that
@@ -95,14 +100,16 @@ class SafetensorsFile:
     name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the byte
     after the header), then the data. The mapping is private copy-on-write: the pages are the
     page cache's (no copy, reclaimable under memory pressure), and an in-place op on a tensor
-    writes to a private copy, never to the checkpoint."""
+    writes to a private copy, never to the checkpoint. ``map_now=False``: mapped when a tensor is
+    first asked for (a mapping holds a descriptor), and only if the file is still the one read."""
 
     MAX_HEADER_BYTES = 100 << 20
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, map_now: bool = True) -> None:
         self.path = Path(path)
+        self._mapping_lock = threading.Lock()
         try:
-            header, length, size = self._open()
+            header, length, size = self._open(map_now)
         except OSError as error:
             raise CheckpointError(f"cannot read {self.path}: {error.strerror or error}") from None
         if not isinstance(header, dict):
@@ -112,9 +119,10 @@ class SafetensorsFile:
         self._address: int | None = None  # where the mapping starts in memory, once asked
         self._entries = {name: self._entry(name, info, size - self._base) for name, info in header.items()}
 
-    def _open(self) -> tuple[Any, int, int]:
+    def _open(self, map_now: bool) -> tuple[Any, int, int]:
         with open(self.path, "rb") as stream:
-            size = os.fstat(stream.fileno()).st_size
+            stat = os.fstat(stream.fileno())
+            size = stat.st_size
             raw = stream.read(8)
             length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
             if not 0 < length <= min(self.MAX_HEADER_BYTES, size - 8):
@@ -123,8 +131,35 @@ class SafetensorsFile:
                 header = json.loads(stream.read(length))
             except ValueError as error:
                 raise CheckpointError(f"{self.path}: unreadable safetensors header ({error})") from None
-            self._mmap = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + length else None
+            self._identity = _file_identity(stat)
+            self._mapped = size <= 8 + length  # nothing to map: no data
+            self._mmap: mmap.mmap | None = None
+            if map_now:
+                self._map(stream.fileno())
         return header, length, size
+
+    def _map(self, fd: int) -> None:
+        """Map the file (a mapping holds a descriptor of its own: Python's ``mmap`` keeps a dup)."""
+        if not self._mapped:
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+            self._mapped = True
+
+    def _mapping(self) -> mmap.mmap | None:
+        """The mapping, made on first use (``map_now=False``): a checkpoint of hundreds of shards
+        holds a descriptor only for the shards read so far. The file mapped is the one whose header
+        was read (same inode, size and mtime), else a :class:`CheckpointError`."""
+        if self._mapped:
+            return self._mmap
+        with self._mapping_lock:
+            if not self._mapped:
+                try:
+                    with open(self.path, "rb") as stream:
+                        if _file_identity(os.fstat(stream.fileno())) != self._identity:
+                            raise CheckpointError(f"{self.path} changed since its header was read")
+                        self._map(stream.fileno())
+                except OSError as error:
+                    raise CheckpointError(f"cannot read {self.path}: {error.strerror or error}") from None
+        return self._mmap
 
     def _entry(self, name: str, info: Any, data_bytes: int) -> tuple[list[int], torch.dtype, int, int]:
         try:
@@ -151,9 +186,10 @@ class SafetensorsFile:
         shape, dtype, begin, count = self._entries[name]
         if count == 0:
             return torch.empty(shape, dtype=dtype)
+        mapping = self._mapping()
         if populate:
             self._populate(self._base + begin, count * dtype.itemsize)
-        flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._base + begin)
+        flat = torch.frombuffer(mapping, dtype=dtype, count=count, offset=self._base + begin)
         return flat.reshape(shape)
 
     def _span(self, view: torch.Tensor) -> tuple[int, int] | None:
@@ -218,8 +254,11 @@ class SafetensorsFile:
 class CheckpointReader:
     """Lazy, renamed view of a safetensors checkpoint: ``keys()``, ``spec(key)`` and ``get(key)``.
 
-    Files are memory-mapped once; a tensor is a view of the mapping whose bytes are read when the
-    loader touches them, so peak host memory is what is being converted, not the model."""
+    Files are memory-mapped once, each when a tensor of it is first read (a mapping holds a
+    descriptor: a checkpoint of hundreds of shards holds one per shard read); a tensor is a view of
+    the mapping whose bytes are read when the loader touches them, so peak host memory is what is
+    being converted, not the model. :meth:`sharing_maps` gives each conversion worker of a build a
+    reader of its own over the same mappings: one descriptor per shard, whatever the workers."""
 
     def __init__(self, checkpoint_dir: Path, rules: Sequence[KeyRule]) -> None:
         self.checkpoint_dir = checkpoint_dir
@@ -228,7 +267,23 @@ class CheckpointReader:
             key = remap_key(name, rules)
             if key is not None:
                 self._location[key] = (file, name)
-        self._open = {file: SafetensorsFile(file) for file in {f for f, _ in self._location.values()}}
+        self._open = {file: SafetensorsFile(file, map_now=False) for file in {f for f, _ in self._location.values()}}
+        self._owns_maps = True
+        self._reset_reads()
+
+    def sharing_maps(self) -> CheckpointReader:
+        """A reader over this one's files and mappings with its own record of what it read and
+        releases (one per thread: the mappings are shared, the streaming state is not). Closing it
+        leaves the mappings to this reader."""
+        sibling = object.__new__(CheckpointReader)
+        sibling.checkpoint_dir = self.checkpoint_dir
+        sibling._location = self._location
+        sibling._open = self._open
+        sibling._owns_maps = False
+        sibling._reset_reads()
+        return sibling
+
+    def _reset_reads(self) -> None:
         self._read: list[str] = []  # keys read and not released yet (a streaming seed)
         self._recent: list[str] = []  # keys read since the last release: what the next put is made from
         self._keep: set[str] = set()
@@ -299,4 +354,5 @@ class CheckpointReader:
             yield key, self.get(key)
 
     def close(self) -> None:
-        self._open.clear()
+        if self._owns_maps:
+            self._open.clear()

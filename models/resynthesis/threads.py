@@ -46,7 +46,8 @@ from typing import Final
 from loguru import logger
 
 from models.common import envs
-from models.common.fileio import affinity_cpus, file_lock, try_flock
+from models.common.cpus import affinity_cpus
+from models.common.fileio import file_lock, try_flock
 
 SHARE_DIR_ENV: Final = "TT_CPU_SHARE_DIR"
 IDLE, COMPUTING, WAITING = "idle", "computing", "waiting"  # a member's state (only computing takes CPUs)

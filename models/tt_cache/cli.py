@@ -136,6 +136,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                               components=tuple(args.components) if args.components else None)
     if problem := combination_problem(combination):  # before torch and ttnn are imported
         raise CliError(f"{args.model}: {problem}")
+    _check_environment()
     from models.seeding.runner import SeedInputError, build_one
 
     try:
@@ -145,6 +146,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     emit(args, result.as_json(), [result.summary()])
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _check_environment() -> None:
+    """A bad value of a typed variable (``TT_CONVERT_WORKERS=abc``) is bad input, refused before any build."""
+    try:
+        envs.check()
+    except envs.BadValue as error:
+        raise CliError(str(error)) from None
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -201,6 +210,7 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
         plan = load_plan(Path(args.plan))
     except PlanError as error:
         raise CliError(str(error)) from None
+    _check_environment()
     from models.seeding.runner import SeedInputError, SeedOptions, run_plan
 
     if args.workers < 1:

@@ -8,7 +8,12 @@ block by block (:func:`~models.common.weight_cache.tensorbin.write_blocks`) post
 converts them itself, and a worker with no unit left converts them beside it. Each chunk is written
 at its own offset of the file, so the file is the same, byte for byte, whoever converts which
 chunk; the poster returns only once every chunk it posted is written, and raises the first error
-any of them raised::
+any of them raised.
+
+The rule of a stop: once the build stops (``stop`` is set: another worker failed, or an interrupt
+reached the build's thread), no chunk starts, on the poster or on a helper; the poster waits for
+the chunks running (one each at most) and raises :class:`BuildStopped`. So every worker ends within
+a chunk of the stop, not after the rest of a large weight converted alone::
 
     board = ChunkBoard(workers)          # one per build
     # in each worker:
@@ -32,6 +37,11 @@ R = TypeVar("R")
 _POLL_SECONDS = 0.2  # how often a waiting helper looks at the stop event
 
 
+class BuildStopped(Exception):
+    """The build stopped before this worker's work was done (another worker failed, or an
+    interrupt). Not a ``RuntimeError``: no one mistakes it for a write error and goes on."""
+
+
 class _Posted(Generic[R]):
     """One weight's chunks: taken one at a time, by the poster and by helpers."""
 
@@ -40,6 +50,7 @@ class _Posted(Generic[R]):
         self.results: list[R | None] = [None] * len(self.jobs)
         self.next = 0  # the first chunk nobody has taken
         self.running = 0  # chunks being converted now
+        self.done = 0  # chunks converted
         self.error: BaseException | None = None
 
     @property
@@ -77,6 +88,7 @@ class ChunkBoard:
         try:
             while (index := self._take(posted)) is not None:
                 self._run(posted, index)
+            stopped = self._stop.is_set()
         finally:
             with self._changed:
                 posted.next = len(posted.jobs)  # nobody starts another chunk of it
@@ -85,6 +97,8 @@ class ChunkBoard:
                     self._changed.wait()
         if posted.error is not None:
             raise posted.error
+        if stopped and posted.done < len(posted.jobs):
+            raise BuildStopped("the build stopped while this weight was written block by block")
         return posted.results  # type: ignore[return-value]  # every one filled in: no error
 
     def help(self) -> None:
@@ -106,8 +120,9 @@ class ChunkBoard:
             return None
 
     def _take(self, posted: _Posted) -> int | None:
+        """The poster's next chunk of its own weight; None once all are taken or the build stops."""
         with self._changed:
-            return self._take_locked(posted) if posted.open else None
+            return self._take_locked(posted) if posted.open and not self._stop.is_set() else None
 
     @staticmethod
     def _take_locked(posted: _Posted) -> int:
@@ -119,6 +134,8 @@ class ChunkBoard:
     def _run(self, posted: _Posted, index: int) -> None:
         try:
             posted.results[index] = posted.jobs[index]()
+            with self._changed:
+                posted.done += 1
         except BaseException as error:  # noqa: BLE001 - raised in the poster, whoever ran the chunk
             with self._changed:
                 if posted.error is None:

@@ -304,6 +304,9 @@ class TensorCache:
                 self.write_errors.append(str(error))
                 logger.warning(f"Cannot write the weight cache {self.cache_dir} ({error}); building in memory only")
                 return None
+            except BaseException:  # the build stopped (an interrupt, another worker's failure): no temp stays
+                temp.unlink(missing_ok=True)
+                raise
             self._unpublished[temp] = writing.pop_all()
         if release_source is not None:
             release_source()

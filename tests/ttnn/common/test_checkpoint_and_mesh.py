@@ -47,6 +47,22 @@ def test_in_place_op_on_a_view_never_writes_the_checkpoint(weights_file):
     assert weights_file.read_bytes() == before
 
 
+def test_a_shard_mapped_when_first_read_is_the_file_whose_header_was_read(weights_file, tmp_path):
+    """A reader maps each shard on its first read (a descriptor per mapping); a file replaced since
+    its header was read is refused, never mapped under the old header."""
+    reader = SafetensorsFile(weights_file, map_now=False)
+    opened = len(list(Path("/proc/self/fd").iterdir()))
+    assert torch.equal(reader.tensor("a"), load_file(weights_file)["a"])
+    assert len(list(Path("/proc/self/fd").iterdir())) == opened + 1, "the mapping holds one descriptor"
+    replaced = SafetensorsFile(weights_file, map_now=False)
+    other = tmp_path / "other.safetensors"
+    save_file({"a": torch.zeros(64, 32).to(torch.bfloat16), "b": torch.arange(10, dtype=torch.int64),
+               "empty": torch.zeros(0, 4)}, other)
+    other.replace(weights_file)
+    with pytest.raises(CheckpointError, match="changed since its header was read"):
+        replaced.tensor("a")
+
+
 def _with_header(path: Path, header: dict, data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from models.common.weight_cache.chunk_board import ChunkBoard
+from models.common.weight_cache.chunk_board import BuildStopped, ChunkBoard
 from tests.ttnn.weight_cache.idle_workers import idle_workers
 
 
@@ -75,3 +75,24 @@ def test_a_waiting_helper_leaves_when_the_build_stops():
     stop.set()  # another worker failed: its chunks, if any, are its own to finish or drop
     helpers[0].join(timeout=5)
     assert not helpers[0].is_alive()
+
+
+def test_the_poster_stops_taking_its_own_chunks_once_the_build_stops():
+    """An interrupt or another worker's failure: the poster finishes the chunk it runs, starts no
+    other, and raises ``BuildStopped`` (not an error anyone takes for a write error)."""
+    stop = threading.Event()
+    board = ChunkBoard(workers=1, stop=stop)
+    ran: list[int] = []
+
+    def job(index: int):
+        def run() -> int:
+            ran.append(index)
+            if index == 2:
+                stop.set()
+            return index
+        return run
+
+    with board.worker():
+        with pytest.raises(BuildStopped):
+            board.run([job(i) for i in range(20)])
+    assert ran == [0, 1, 2] and not issubclass(BuildStopped, RuntimeError)

@@ -171,7 +171,7 @@ def test_prefetch_threads_option_and_environment(monkeypatch):
     assert prefetch_threads(None) == 3
     monkeypatch.setenv("TT_PREFETCH_THREADS", "0")
     assert prefetch_threads(None) == 0
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match="prefetch=-1: expected a whole number from 0"):
         prefetch_threads(-1)
 
 
