@@ -19,6 +19,8 @@ A load goes:
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
    nothing behind. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   Where the cache cannot be written (a full disk), the load builds in memory and writes nothing:
+   a weight kept on the host is never a mapping of a cache file (see :meth:`WeightLoader._build`).
 
 A family subclasses :class:`WeightLoader` with its key renaming rules, its :class:`ModelArgs`
 and its ``convert`` (see :mod:`models.common.decoder` for the layouts families share).
@@ -334,12 +336,11 @@ class WeightLoader(ABC):
                        else (None, "it could not be written"))
         if loaded is None:  # a full disk; or a racing rebuild or eviction of what was published a moment ago
             logger.warning(f"{self.model_name}: the cache just built cannot be read back ({why}); building in memory")
-            with BuildTransaction(self.paths) as transaction:
-                return self._build(args, reason, start, transaction)
+            return self._build(args, reason, start, None)
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
 
-    def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction, *,
+    def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
                stream: bool = False, stream_if_cached: bool = False,
                on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
         """Convert every weight into the transaction's generation and commit it. ``timings`` of the
@@ -351,20 +352,26 @@ class WeightLoader(ABC):
         writes queued, checkpoint pages released after each weight (host weights excepted: the
         sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written.
         ``stream_if_cached`` (a cold load): stream too when the generation can be written; the
-        result is then ``streamed`` (no weights: the caller reads the cache back)."""
+        result is then ``streamed`` (no weights: the caller reads the cache back).
+
+        ``transaction=None``: in memory, nothing written (a cold load's fallback when the cache it
+        built cannot be read back: a full disk). A weight kept on the host must never be a mapping of
+        a cache file: a large weight is written block by block and handed back mapped, and a
+        generation that is then removed (the disk filled up further on) would leave its deleted files
+        taking the disk's space, seen by no ``ls``, ``gc`` or ``clean``, for as long as the model lives."""
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
+        root = None
         try:
-            root = transaction.open_generation()
+            root = transaction.open_generation() if transaction is not None else None
         except OSError as error:
-            root = None
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
         stream = stream or (stream_if_cached and root is not None)
         parallel = stream and root is not None and self.workers > 1 and self.mesh_device is None
         with TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
                          max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written) as cache:
             sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
-            sidecar = transaction.paths.host_sidecar_name if sink.host and root is not None else None
+            sidecar = self.paths.host_sidecar_name if sink.host and root is not None else None
             if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
                 sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
@@ -378,7 +385,7 @@ class WeightLoader(ABC):
         files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
             (cache.files, cache.write_errors)
         cached = root is not None and not write_errors
-        if cached:
+        if cached and transaction is not None:
             cached = self._commit(transaction, args, state, sink.host, files, sidecar)
         elif root is not None:
             logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold ({write_errors[0]})")
@@ -387,7 +394,7 @@ class WeightLoader(ABC):
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
         timings = {"convert": convert_seconds, "from_torch": cache.convert_seconds, "writer_wait": cache.wait_seconds,
                    "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
-                   **(workers.timings if parallel else {}), **transaction.timings}
+                   **(workers.timings if parallel else {}), **(transaction.timings if transaction else {})}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings, cached=cached, streamed=stream_if_cached and stream)
 
