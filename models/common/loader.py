@@ -19,6 +19,8 @@ A load goes:
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
    nothing behind. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   Before any of it, the checkpoint is checked against its ``config.json`` (every tensor's shape,
+   :meth:`WeightLoader.check_checkpoint`): a config that does not describe it builds nothing.
    Where the cache cannot be written (a full disk), the load builds in memory and writes nothing:
    a weight kept on the host is never a mapping of a cache file (see :meth:`WeightLoader._build`).
 
@@ -196,6 +198,11 @@ class WeightLoader(ABC):
     def convert(self, sink: WeightSink, args: ModelArgs) -> None:
         """Convert every weight of this build (``sink.state``) and ``sink.put`` it."""
 
+    @abstractmethod
+    def tensor_shape_problem(self, key: str, shape: Sequence[int], args: ModelArgs) -> str | None:
+        """How checkpoint tensor ``key``'s shape differs from the one ``config.json`` implies, or
+        None (every family's: :data:`models.common.decoder.CHECKPOINT_SHAPES`)."""
+
     def is_host_weight(self, key: str) -> bool:
         """Weights the device code consumes on the host; kept real in warm builds."""
         return False
@@ -322,6 +329,7 @@ class WeightLoader(ABC):
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
             )
+        self.check_checkpoint(args)
         read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
             if transaction.locked and not self.forced:  # another builder may have finished while this one waited
@@ -339,6 +347,12 @@ class WeightLoader(ABC):
             return self._build(args, reason, start, None)
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
+
+    def check_checkpoint(self, args: ModelArgs) -> None:
+        """Refuse a checkpoint whose tensors are not the shapes its ``config.json`` implies
+        (:class:`~models.common.checkpoint.CheckpointShapeError`, one line naming the first): planned
+        from the headers, before any lock is taken or anything converted (:mod:`models.common.build_plan`)."""
+        plan_weights(self, args)
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
                stream: bool = False, stream_if_cached: bool = False,
