@@ -18,7 +18,7 @@ import pytest
 from models.common.weight_cache.layout import GENERATION_PREFIX, RETIRED_PREFIX, TENSORBIN_SUFFIX
 from models.testing import REPO_ROOT
 from models.testing.model_shapes import make_shaped_checkpoint
-from models.testing.resynthesis_world import tmpfs
+from models.testing.mounts import tmpfs
 
 MiB = 1 << 20
 GENERATION = re.compile(rf"({re.escape(RETIRED_PREFIX)})?{GENERATION_PREFIX}[0-9a-f]+-[0-9a-f]+.*")  # live or retired
@@ -42,7 +42,6 @@ def llama_1k(tmp_path_factory) -> Path:
     return make_shaped_checkpoint(tmp_path_factory.mktemp("llama-1k") / "llama-1k", "llama-1k", 1, shard_bytes=None)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
 def test_a_load_that_fills_the_disk_keeps_nothing_on_it_while_the_model_lives(llama_1k, tmp_path):
     with tmpfs(tmp_path / "small", "100m") as full_root:
         before = _used_bytes(full_root)
