@@ -45,7 +45,7 @@ import torch
 import ttnn
 from loguru import logger
 
-from models.common.build_plan import plan_weights
+from models.common.build_plan import PlannedWeight, plan_weights
 from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.convert_workers import convert_in_workers, convert_workers
@@ -270,10 +270,10 @@ class WeightLoader(ABC):
             logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
             return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
-        if progress is not None:
-            plan = plan_weights(self, args)
+        plan = self.check_checkpoint(args) if self.has_checkpoint_weights else None
+        if progress is not None and plan is not None:
             progress.start(len(plan), sum(w.estimated_bytes for w in plan))
-        loaded = self._load_cold(args, status.reason, start, stream=True, on_written=counter)
+        loaded = self._load_cold(args, status.reason, start, plan, stream=True, on_written=counter)
         if progress is not None:
             progress.finish()
         after = self.status(args)
@@ -318,8 +318,10 @@ class WeightLoader(ABC):
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
                            "complete", seconds, prefetch=prefetcher)
 
-    def _load_cold(self, args: ModelArgs, reason: str, start: float, **build: Any) -> LoadedModel:
-        """``build``: the streaming options of :meth:`_build` (a seed).
+    def _load_cold(self, args: ModelArgs, reason: str, start: float, plan: list[PlannedWeight] | None = None,
+                   **build: Any) -> LoadedModel:
+        """``plan``: :meth:`check_checkpoint`'s, when the caller made it; ``build``: the streaming
+        options of :meth:`_build` (a seed).
 
         A cold :meth:`load` costs what a seed costs: on the host (no ``mesh_device``) it builds
         streaming, keeping no converted weight, then reads the new generation back as a warm start
@@ -329,7 +331,7 @@ class WeightLoader(ABC):
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
             )
-        self.check_checkpoint(args)
+        plan = plan if plan is not None else self.check_checkpoint(args)
         read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
             if transaction.locked and not self.forced:  # another builder may have finished while this one waited
@@ -337,7 +339,7 @@ class WeightLoader(ABC):
                 if loaded is not None:
                     return loaded
             logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
-            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, **build)
+            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, plan=plan, **build)
         if not built.streamed:
             return built
         loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False) if built.cached
@@ -348,15 +350,17 @@ class WeightLoader(ABC):
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
 
-    def check_checkpoint(self, args: ModelArgs) -> None:
+    def check_checkpoint(self, args: ModelArgs) -> list[PlannedWeight]:
         """Refuse a checkpoint whose tensors are not the shapes its ``config.json`` implies
         (:class:`~models.common.checkpoint.CheckpointShapeError`, one line naming the first): planned
-        from the headers, before any lock is taken or anything converted (:mod:`models.common.build_plan`)."""
-        plan_weights(self, args)
+        from the headers, before any lock is taken or anything converted (:mod:`models.common.build_plan`).
+        Returns the plan (the conversion workers share it out)."""
+        return plan_weights(self, args)
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
                stream: bool = False, stream_if_cached: bool = False,
-               on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
+               on_written: Callable[[str, int], None] | None = None,
+               plan: list[PlannedWeight] | None = None) -> LoadedModel:
         """Convert every weight into the transaction's generation and commit it. ``timings`` of the
         result: ``convert`` (wall time of the family's convert: checkpoint reads, transforms,
         ``from_torch``, waits for the writer), ``dump`` and ``fsync`` (the writer thread, overlapped),
@@ -391,7 +395,7 @@ class WeightLoader(ABC):
             with conversion_threads():
                 if parallel:
                     workers = convert_in_workers(self, args, root, self.workers, max_pending_bytes=STREAM_PENDING_BYTES,
-                                                 on_written=on_written)
+                                                 on_written=on_written, plan=plan)
                 else:
                     self.convert(sink, args)
             convert_seconds = time.perf_counter() - start
