@@ -10,6 +10,12 @@ the units holding one of its own weights (placeholders otherwise, which cost not
 process reads and converts only its share, and writes the files a single-process build writes.
 A family whose tensors flow past their unit fails loudly (a placeholder handed to a cold put
 raises), never silently.
+
+Planning is also where a checkpoint is checked against its ``config.json``: every tensor the plan
+reads has the shape the loader's layout table implies
+(:data:`~models.common.decoder.CHECKPOINT_SHAPES`), or planning stops at the first that does not
+with one line naming it. A cold build plans first (:meth:`WeightLoader.check_checkpoint`), so a
+checkpoint its config does not describe is refused before anything is converted, locked or written.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Protocol
 import torch
 import ttnn
 
-from models.common.checkpoint import CheckpointError, KeyRule
+from models.common.checkpoint import CheckpointError, CheckpointShapeError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.model_args import ModelArgs
 from models.common.safetensors_file import CheckpointReader
@@ -41,6 +47,8 @@ class Convertible(Protocol):
     def is_host_weight(self, key: str) -> bool: ...
 
     def convert(self, sink: WeightSink, args: ModelArgs) -> None: ...
+
+    def tensor_shape_problem(self, key: str, shape: Sequence[int], args: ModelArgs) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,16 +91,28 @@ class _SpecView(Mapping):
 
 
 class _Recording(_SpecView):
-    """Placeholders for every checkpoint key, noting which keys are read."""
+    """Placeholders for every checkpoint key, noting which keys are read; ``check(key, shape)``: why
+    a tensor read has the wrong shape, or None (a :class:`CheckpointShapeError` names its own name)."""
 
-    def __init__(self, specs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> None:
+    def __init__(self, specs: Mapping[str, tuple[Sequence[int], torch.dtype]],
+                 check: Callable[[str, Sequence[int]], str | None] | None = None,
+                 names: Mapping[str, str] | None = None, where: object = "checkpoint") -> None:
         self._specs = specs
+        self._check = check
+        self._names = names or {}
+        self._where = where
+        self._checked: set[str] = set()
         self.read: dict[str, None] = {}
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._specs:
             raise CheckpointError(f"checkpoint has no tensor for {key!r}")
         shape, dtype = self._specs[key]
+        if self._check is not None and key not in self._checked:
+            problem = self._check(key, shape)
+            if problem:
+                raise CheckpointShapeError(f"{self._where}: tensor {self._names.get(key, key)} {problem}")
+            self._checked.add(key)
         self.read[key] = None
         return placeholder(shape, dtype)
 
@@ -119,17 +139,24 @@ class _PlanSink(WeightSink):
 
 def checkpoint_specs(loader: Convertible) -> dict[str, tuple[list[int], torch.dtype]]:
     """Shape and dtype of every checkpoint tensor (under the loader's names), headers only."""
+    return _checkpoint_headers(loader)[0]
+
+
+def _checkpoint_headers(loader: Convertible) -> tuple[dict[str, tuple[list[int], torch.dtype]], dict[str, str]]:
+    """:func:`checkpoint_specs`, and each tensor's name in the checkpoint."""
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
     try:
-        return {key: reader.spec(key) for key in reader.keys()}
+        return {key: reader.spec(key) for key in reader.keys()}, {key: reader.source_name(key) for key in reader.keys()}
     finally:
         reader.close()
 
 
 def plan_weights(loader: Convertible, args: ModelArgs) -> list[PlannedWeight]:
-    """Every weight of this build in build order, from checkpoint headers only (nothing converted)."""
-    specs = checkpoint_specs(loader)
-    state = _Recording(specs)
+    """Every weight of this build in build order, from checkpoint headers only (nothing converted);
+    :class:`CheckpointShapeError` at the first tensor read whose shape its config does not imply."""
+    specs, names = _checkpoint_headers(loader)
+    state = _Recording(specs, lambda key, shape: loader.tensor_shape_problem(key, shape, args), names,
+                       loader.checkpoint_dir)
     sink = _PlanSink(state, [k for k in specs if loader.is_host_weight(k)], specs)
     loader.convert(sink, args)
     return sink.plan

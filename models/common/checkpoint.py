@@ -39,6 +39,11 @@ class CheckpointError(RuntimeError):
     """The checkpoint cannot be found or read as asked; the message names the file."""
 
 
+class CheckpointShapeError(CheckpointError):
+    """A checkpoint tensor whose shape is not the one its ``config.json`` implies (one line naming
+    the tensor, its shape and the expected one: :data:`models.common.decoder.CHECKPOINT_SHAPES`)."""
+
+
 def hub_cache_dir() -> Path:
     return envs.HF_HUB_CACHE
 

@@ -104,12 +104,14 @@ class WorkersResult:
 
 
 def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_pending_bytes: int,
-                       on_written: Callable[[str, int], None] | None = None) -> WorkersResult:
+                       on_written: Callable[[str, int], None] | None = None,
+                       plan: list[PlannedWeight] | None = None) -> WorkersResult:
     """Convert every weight of ``loader``'s build into the generation ``root`` on at most ``workers``
     threads (fitted to the plan; streaming: nothing kept). The first error of any worker is raised
     once all have stopped; the caller's transaction then removes what they wrote. Call it inside
-    ``conversion_threads()``."""
-    plan: list[PlannedWeight] = plan_weights(loader, args)
+    ``conversion_threads()``. ``plan``: the build's, when the caller made it (it checked the
+    checkpoint with it)."""
+    plan = plan if plan is not None else plan_weights(loader, args)
     workers = fit_workers(workers, plan)
     claims = _Claims()
     board = ChunkBoard(workers, stop=claims.failed)

@@ -23,11 +23,22 @@ weight                        host transform                         format
 plus ``tok_embeddings`` (bf16 ROW_MAJOR, replicated), ``norm`` and ``output`` (the LM head,
 ``[dim, vocab]`` column-parallel; the embedding when tied). Every transform is a plain torch op,
 so the same code runs on real weights (cold) and on storage-free placeholders (warm).
+
+**Checkpoint shapes** (:data:`CHECKPOINT_SHAPES`, every family's tensors, in ``config.json``'s
+names): the shape each checkpoint tensor must have, from the sizes :meth:`DecoderLoader.shape_sizes`
+takes from the very :class:`ModelArgs` the conversion uses (per layer: :meth:`DecoderLoader.layer_args`,
+Gemma 4's wider global layers). Every tensor the conversion reads is checked against it when a build
+is planned from the checkpoint's headers, before anything is converted or locked
+(:mod:`models.common.build_plan`): a config that does not describe its checkpoint is one
+:class:`~models.common.checkpoint.CheckpointShapeError` naming the tensor, its shape and the expected one, never a cache
+built from it nor a failure deep in a conversion.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import ttnn
@@ -57,6 +68,125 @@ HF_DECODER_RULES: tuple[KeyRule, ...] = (
     KeyRule(r"^model\.layers\.(\d+)\.mlp\.down_proj\.weight$", r"layers.\1.feed_forward.w2.weight"),
     KeyRule(r"^model\.layers\.(\d+)\.mlp\.up_proj\.weight$", r"layers.\1.feed_forward.w3.weight"),
 )
+
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """One row of :data:`CHECKPOINT_SHAPES`: checkpoint tensors (loader names; ``{layer}`` a decoder
+    layer, ``{n}`` any other index) and their dimensions, each a sum of products of sizes named as
+    in ``config.json`` (``vision.`` for the vision tower's), e.g. ``"num_attention_heads*head_dim"``."""
+
+    names: str
+    dims: tuple[str, ...]
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _pattern(self.names)
+
+    def expected(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(sum(_product(term, sizes) for term in dim.split("+")) for dim in self.dims)
+
+
+def _pattern(names: str) -> re.Pattern[str]:
+    escaped = re.escape(names).replace(r"\{layer\}", r"(?P<layer>\d+)").replace(r"\{n\}", r"\d+")
+    return re.compile(escaped)
+
+
+def _product(term: str, sizes: Mapping[str, int]) -> int:
+    value = 1
+    for factor in term.strip().split("*"):
+        factor = factor.strip()
+        value *= int(factor) if factor.isdigit() else sizes[factor]
+    return value
+
+
+_Q, _KV = "num_attention_heads*head_dim", "num_key_value_heads*head_dim"
+_VQ, _VKV = "vision.num_attention_heads*vision.head_dim", "vision.num_key_value_heads*vision.head_dim"
+CHECKPOINT_SHAPES: tuple[TensorShape, ...] = (
+    TensorShape("tok_embeddings.weight", ("vocab_size", "hidden_size")),
+    TensorShape("output.weight", ("vocab_size", "hidden_size")),  # tied: absent, the embedding serves
+    TensorShape("norm.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.attention.wq.weight", (_Q, "hidden_size")),
+    TensorShape("layers.{layer}.attention.wk.weight", (_KV, "hidden_size")),
+    TensorShape("layers.{layer}.attention.wv.weight", (_KV, "hidden_size")),
+    TensorShape("layers.{layer}.attention.wq.bias", (_Q,)),
+    TensorShape("layers.{layer}.attention.wk.bias", (_KV,)),
+    TensorShape("layers.{layer}.attention.wv.bias", (_KV,)),
+    TensorShape("layers.{layer}.attention.qkv_proj.weight", (f"{_Q} + 2*{_KV}", "hidden_size")),  # Phi-3, fused
+    TensorShape("layers.{layer}.attention.wo.weight", ("hidden_size", _Q)),
+    TensorShape("layers.{layer}.attention.q_norm.weight", ("head_dim",)),
+    TensorShape("layers.{layer}.attention.k_norm.weight", ("head_dim",)),
+    TensorShape("layers.{layer}.attention_norm.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.ffn_norm.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.post_attention_norm.weight", ("hidden_size",)),  # Gemma
+    TensorShape("layers.{layer}.post_ffn_norm.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.feed_forward.w1.weight", ("intermediate_size", "hidden_size")),
+    TensorShape("layers.{layer}.feed_forward.w3.weight", ("intermediate_size", "hidden_size")),
+    TensorShape("layers.{layer}.feed_forward.w2.weight", ("hidden_size", "intermediate_size")),
+    TensorShape("layers.{layer}.feed_forward.gate_up_proj.weight", ("2*intermediate_size", "hidden_size")),  # Phi-3
+    # Qwen3 MoE: a router and one MLP per expert
+    TensorShape("layers.{layer}.feed_forward.gate.weight", ("num_experts", "hidden_size")),
+    TensorShape("layers.{layer}.feed_forward.experts.{n}.w1.weight", ("moe_intermediate_size", "hidden_size")),
+    TensorShape("layers.{layer}.feed_forward.experts.{n}.w3.weight", ("moe_intermediate_size", "hidden_size")),
+    TensorShape("layers.{layer}.feed_forward.experts.{n}.w2.weight", ("hidden_size", "moe_intermediate_size")),
+    # Gemma 4: the MoE block beside the dense MLP (experts stacked, gate and up fused)
+    TensorShape("layers.{layer}.moe.gate.weight", ("num_experts", "hidden_size")),
+    TensorShape("layers.{layer}.moe.router_scale", ("hidden_size",)),
+    TensorShape("layers.{layer}.moe.expert_scale", ("num_experts",)),
+    TensorShape("layers.{layer}.moe.experts.gate_up_proj", ("num_experts", "2*moe_intermediate_size", "hidden_size")),
+    TensorShape("layers.{layer}.moe.experts.down_proj", ("num_experts", "hidden_size", "moe_intermediate_size")),
+    TensorShape("layers.{layer}.ffn_norm_2.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.post_ffn_norm_1.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.post_ffn_norm_2.weight", ("hidden_size",)),
+    # Gemma 4: per-layer inputs
+    TensorShape("tok_embeddings_per_layer.weight",
+                ("vocab_size_per_layer_input", "num_hidden_layers*hidden_size_per_layer_input")),
+    TensorShape("per_layer_model_projection.weight", ("num_hidden_layers*hidden_size_per_layer_input", "hidden_size")),
+    TensorShape("per_layer_projection_norm.weight", ("hidden_size_per_layer_input",)),
+    TensorShape("layers.{layer}.per_layer_input_gate.weight", ("hidden_size_per_layer_input", "hidden_size")),
+    TensorShape("layers.{layer}.per_layer_projection.weight", ("hidden_size", "hidden_size_per_layer_input")),
+    TensorShape("layers.{layer}.post_per_layer_input_norm.weight", ("hidden_size",)),
+    TensorShape("layers.{layer}.layer_scalar", ("1",)),
+    # Gemma 4: the vision tower and its projection into the text width
+    TensorShape("vision.patch_embedding.weight", ("vision.hidden_size", "3*vision.patch_size*vision.patch_size")),
+    TensorShape("vision.position_embedding.weight", ("2", "vision.position_embedding_size", "vision.hidden_size")),
+    TensorShape("vision.std_bias", ("vision.hidden_size",)),
+    TensorShape("vision.std_scale", ("vision.hidden_size",)),
+    TensorShape("vision.projector.weight", ("hidden_size", "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.attention.wq.weight", (_VQ, "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.attention.wk.weight", (_VKV, "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.attention.wv.weight", (_VKV, "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.attention.wo.weight", ("vision.hidden_size", _VQ)),
+    TensorShape("vision.layers.{n}.feed_forward.w1.weight", ("vision.intermediate_size", "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.feed_forward.w3.weight", ("vision.intermediate_size", "vision.hidden_size")),
+    TensorShape("vision.layers.{n}.feed_forward.w2.weight", ("vision.hidden_size", "vision.intermediate_size")),
+    TensorShape("vision.layers.{n}.attention.q_norm.weight", ("vision.head_dim",)),
+    TensorShape("vision.layers.{n}.attention.k_norm.weight", ("vision.head_dim",)),
+    *(TensorShape(f"vision.layers.{{n}}.{norm}.weight", ("vision.hidden_size",))
+      for norm in ("attention_norm", "post_attention_norm", "ffn_norm", "post_ffn_norm")),
+    *(TensorShape(f"vision.layers.{{n}}.{linear}.{bound}", ())  # a clipped linear's bounds: scalars
+      for linear in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                     "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
+      for bound in ("input_min", "input_max", "output_min", "output_max")),
+)
+_SHAPE_PATTERNS = tuple((rule.pattern, rule) for rule in CHECKPOINT_SHAPES)
+
+
+def shape_rule(key: str) -> tuple[TensorShape, int | None]:
+    """The row of :data:`CHECKPOINT_SHAPES` for a checkpoint tensor (loader name), and its layer.
+    A tensor a conversion reads with no row is this table's omission: ``LookupError``."""
+    for pattern, rule in _SHAPE_PATTERNS:
+        match = pattern.fullmatch(key)
+        if match:
+            layer = match.groupdict().get("layer")
+            return rule, int(layer) if layer is not None else None
+    raise LookupError(f"checkpoint tensor {key!r} has no row in the layout table (models.common.decoder)")
+
+
+def _shown(dims: Sequence[object]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
 
 NORM_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
 EMBEDDING_FORMAT = TensorFormat(ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT, REPLICATED)
@@ -121,9 +251,7 @@ def fuse_qkv_bias(bq: torch.Tensor, bk: torch.Tensor, bv: torch.Tensor, args: Mo
 
 def split_rows(fused: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     """Views of consecutive row ranges of a fused ``[out, in]`` checkpoint weight (Phi-3's
-    ``qkv_proj``, ``gate_up_proj``); checks the sizes add up so a wrong config cannot slip by."""
-    if sum(sizes) != fused.shape[0]:
-        raise ValueError(f"fused weight has {fused.shape[0]} rows; the config says {list(sizes)} ({sum(sizes)})")
+    ``qkv_proj``, ``gate_up_proj``; that the sizes add up is :data:`CHECKPOINT_SHAPES`' to check)."""
     return list(fused.split(list(sizes), dim=0))
 
 
@@ -141,6 +269,33 @@ class DecoderLoader(WeightLoader):
 
     def make_args(self, config: dict, num_layers: int | None) -> ModelArgs:
         return ModelArgs.from_hf_config(config, num_layers)
+
+    def layer_args(self, args: ModelArgs, layer: int) -> ModelArgs:
+        """Hook: the facts of layer ``layer`` where they differ from the model's (Gemma 4's head
+        size and KV heads on its global layers); the conversion and the shape check both use it."""
+        return args
+
+    # checkpoint shapes -----------------------------------------------------------------------
+
+    def shape_sizes(self, args: ModelArgs, layer: int | None) -> dict[str, int]:
+        """The sizes :data:`CHECKPOINT_SHAPES` names, for one layer (or the model: ``None``), as
+        the conversion sees them; a family adds what its own tensors need."""
+        facts = self.layer_args(args, layer) if layer is not None else args
+        return {"hidden_size": args.dim, "vocab_size": args.vocab_size, "num_attention_heads": facts.n_heads,
+                "num_key_value_heads": facts.n_kv_heads, "head_dim": facts.head_dim,
+                "intermediate_size": facts.hidden_dim, "num_experts": args.num_experts,
+                "moe_intermediate_size": args.moe_hidden_dim, "num_hidden_layers": args.full_n_layers}
+
+    def tensor_shape_problem(self, key: str, shape: Sequence[int], args: ModelArgs) -> str | None:
+        """How checkpoint tensor ``key``'s shape differs from the one ``config.json`` implies, or None."""
+        rule, layer = shape_rule(key)
+        try:
+            expected = rule.expected(self.shape_sizes(args, layer))
+        except KeyError as error:  # a size this family's config does not give: its tensor cannot be read
+            return f"is read, but config.json gives no {error.args[0]} for its shape {_shown(rule.dims)}"
+        if tuple(shape) == expected:
+            return None
+        return f"has shape {_shown(shape)}; config.json implies {_shown(rule.dims)} = {_shown(expected)}"
 
     # formats ---------------------------------------------------------------------------------
 
@@ -187,6 +342,7 @@ class DecoderLoader(WeightLoader):
     def convert_attention(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.attention."
         cols = self.mesh_shape[1]
+        args = self.layer_args(args, layer)
         wqkv = fuse_qkv(*self.qkv_weights(state, p, args), args, cols)
         sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL))
         if args.qkv_bias:

@@ -19,6 +19,10 @@ A load goes:
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
    nothing behind. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   Before any of it, the checkpoint is checked against its ``config.json`` (every tensor's shape,
+   :meth:`WeightLoader.check_checkpoint`): a config that does not describe it builds nothing.
+   Where the cache cannot be written (a full disk), the load builds in memory and writes nothing:
+   a weight kept on the host is never a mapping of a cache file (see :meth:`WeightLoader._build`).
 
 A family subclasses :class:`WeightLoader` with its key renaming rules, its :class:`ModelArgs`
 and its ``convert`` (see :mod:`models.common.decoder` for the layouts families share).
@@ -41,7 +45,7 @@ import torch
 import ttnn
 from loguru import logger
 
-from models.common.build_plan import plan_weights
+from models.common.build_plan import PlannedWeight, plan_weights
 from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.convert_workers import convert_in_workers, convert_workers
@@ -195,6 +199,11 @@ class WeightLoader(ABC):
     def convert(self, sink: WeightSink, args: ModelArgs) -> None:
         """Convert every weight of this build (``sink.state``) and ``sink.put`` it."""
 
+    @abstractmethod
+    def tensor_shape_problem(self, key: str, shape: Sequence[int], args: ModelArgs) -> str | None:
+        """How checkpoint tensor ``key``'s shape differs from the one ``config.json`` implies, or
+        None (every family's: :data:`models.common.decoder.CHECKPOINT_SHAPES`)."""
+
     def is_host_weight(self, key: str) -> bool:
         """Weights the device code consumes on the host; kept real in warm builds."""
         return False
@@ -262,10 +271,10 @@ class WeightLoader(ABC):
             logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
             return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
-        if progress is not None:
-            plan = plan_weights(self, args)
+        plan = self.check_checkpoint(args) if self.has_checkpoint_weights else None
+        if progress is not None and plan is not None:
             progress.start(len(plan), sum(w.estimated_bytes for w in plan))
-        loaded = self._load_cold(args, status.reason, start, stream=True, on_written=counter)
+        loaded = self._load_cold(args, status.reason, start, plan, stream=True, on_written=counter)
         if progress is not None:
             progress.finish()
         after = self.status(args)
@@ -310,8 +319,10 @@ class WeightLoader(ABC):
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
                            "complete", seconds, prefetch=prefetcher)
 
-    def _load_cold(self, args: ModelArgs, reason: str, start: float, **build: Any) -> LoadedModel:
-        """``build``: the streaming options of :meth:`_build` (a seed).
+    def _load_cold(self, args: ModelArgs, reason: str, start: float, plan: list[PlannedWeight] | None = None,
+                   **build: Any) -> LoadedModel:
+        """``plan``: :meth:`check_checkpoint`'s, when the caller made it; ``build``: the streaming
+        options of :meth:`_build` (a seed).
 
         A cold :meth:`load` costs what a seed costs: on the host (no ``mesh_device``) it builds
         streaming, keeping no converted weight, then reads the new generation back as a warm start
@@ -321,6 +332,7 @@ class WeightLoader(ABC):
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
             )
+        plan = plan if plan is not None else self.check_checkpoint(args)
         read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
             if transaction.locked and not self.forced:  # another builder may have finished while this one waited
@@ -328,21 +340,28 @@ class WeightLoader(ABC):
                 if loaded is not None:
                     return loaded
             logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
-            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, **build)
+            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, plan=plan, **build)
         if not built.streamed:
             return built
         loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False) if built.cached
                        else (None, "it could not be written"))
         if loaded is None:  # a full disk; or a racing rebuild or eviction of what was published a moment ago
             logger.warning(f"{self.model_name}: the cache just built cannot be read back ({why}); building in memory")
-            with BuildTransaction(self.paths) as transaction:
-                return self._build(args, reason, start, transaction)
+            return self._build(args, reason, start, None)
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
 
-    def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction, *,
+    def check_checkpoint(self, args: ModelArgs) -> list[PlannedWeight]:
+        """Refuse a checkpoint whose tensors are not the shapes its ``config.json`` implies
+        (:class:`~models.common.checkpoint.CheckpointShapeError`, one line naming the first): planned
+        from the headers, before any lock is taken or anything converted (:mod:`models.common.build_plan`).
+        Returns the plan (the conversion workers share it out)."""
+        return plan_weights(self, args)
+
+    def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
                stream: bool = False, stream_if_cached: bool = False,
-               on_written: Callable[[str, int], None] | None = None) -> LoadedModel:
+               on_written: Callable[[str, int], None] | None = None,
+               plan: list[PlannedWeight] | None = None) -> LoadedModel:
         """Convert every weight into the transaction's generation and commit it. ``timings`` of the
         result: ``convert`` (wall time of the family's convert: checkpoint reads, transforms,
         ``from_torch``, waits for the writer), ``dump`` and ``fsync`` (the writer thread, overlapped),
@@ -352,26 +371,32 @@ class WeightLoader(ABC):
         writes queued, checkpoint pages released after each weight (host weights excepted: the
         sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written.
         ``stream_if_cached`` (a cold load): stream too when the generation can be written; the
-        result is then ``streamed`` (no weights: the caller reads the cache back)."""
+        result is then ``streamed`` (no weights: the caller reads the cache back).
+
+        ``transaction=None``: in memory, nothing written (a cold load's fallback when the cache it
+        built cannot be read back: a full disk). A weight kept on the host must never be a mapping of
+        a cache file: a large weight is written block by block and handed back mapped, and a
+        generation that is then removed (the disk filled up further on) would leave its deleted files
+        taking the disk's space, seen by no ``ls``, ``gc`` or ``clean``, for as long as the model lives."""
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
         state = LazyStateDict(reader)
+        root = None
         try:
-            root = transaction.open_generation()
+            root = transaction.open_generation() if transaction is not None else None
         except OSError as error:
-            root = None
             logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
         stream = stream or (stream_if_cached and root is not None)
         parallel = stream and root is not None and self.workers > 1 and self.mesh_device is None
         with TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
                          max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written) as cache:
             sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
-            sidecar = transaction.paths.host_sidecar_name if sink.host and root is not None else None
+            sidecar = self.paths.host_sidecar_name if sink.host and root is not None else None
             if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
                 sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
                 if parallel:
                     workers = convert_in_workers(self, args, root, self.workers, max_pending_bytes=STREAM_PENDING_BYTES,
-                                                 on_written=on_written)
+                                                 on_written=on_written, plan=plan)
                 else:
                     self.convert(sink, args)
             convert_seconds = time.perf_counter() - start
@@ -379,7 +404,7 @@ class WeightLoader(ABC):
         files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
             (cache.files, cache.write_errors)
         cached = root is not None and not write_errors
-        if cached:
+        if cached and transaction is not None:
             cached = self._commit(transaction, args, state, sink.host, files, sidecar)
         elif root is not None:
             logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold ({write_errors[0]})")
@@ -388,7 +413,7 @@ class WeightLoader(ABC):
         logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
         timings = {"convert": convert_seconds, "from_torch": cache.convert_seconds, "writer_wait": cache.wait_seconds,
                    "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
-                   **(workers.timings if parallel else {}), **transaction.timings}
+                   **(workers.timings if parallel else {}), **(transaction.timings if transaction else {})}
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
                            reason, seconds, timings, cached=cached, streamed=stream_if_cached and stream)
 

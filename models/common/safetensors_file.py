@@ -295,6 +295,10 @@ class CheckpointReader:
     def __contains__(self, key: str) -> bool:
         return key in self._location
 
+    def source_name(self, key: str) -> str:
+        """The tensor's own name in the checkpoint (``key`` is the loader's)."""
+        return self._location[key][1]
+
     def spec(self, key: str) -> tuple[list[int], torch.dtype]:
         """Shape and dtype from the safetensors header, without reading the tensor."""
         file, name = self._location[key]

@@ -205,6 +205,23 @@ class Gemma4Loader(DecoderLoader):
             args.moe_layers = tuple(range(args.n_layers))
         return args
 
+    def layer_args(self, args: ModelArgs, layer: int) -> ModelArgs:
+        """This layer's head size and KV heads (wider global layers), and its MLP's width (double on
+        KV-shared layers with ``use_double_wide_mlp``)."""
+        shape = gemma4_layer(args.config, layer)
+        wide = shape.kv_shared and bool(text_config(args.config).get("use_double_wide_mlp"))
+        return replace(args, head_dim=shape.head_dim, n_kv_heads=shape.n_kv_heads,
+                       hidden_dim=args.hidden_dim * (2 if wide else 1))
+
+    def shape_sizes(self, args: ModelArgs, layer: int | None) -> dict[str, int]:
+        text, vision = text_config(args.config), args.config.get("vision_config") or {}
+        sizes = {name: int(text[name]) for name in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+                 if text.get(name)}
+        sizes |= {f"vision.{name}": int(vision[name]) for name in (
+            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "patch_size", "position_embedding_size") if vision.get(name)}
+        return {**super().shape_sizes(args, layer), **sizes}
+
     def is_host_weight(self, key: str) -> bool:
         if key in (HOST_EMBEDDING, HOST_PER_LAYER_EMBEDDING) or _LAYER_SCALAR.match(key):
             return True
@@ -234,7 +251,7 @@ class Gemma4Loader(DecoderLoader):
         shape = gemma4_layer(args.config, layer)
         wk = None if shape.kv_shared else state[p + "wk.weight"]
         wv = None if shape.kv_shared or shape.k_eq_v else state[p + "wv.weight"]
-        layer_args = replace(args, head_dim=shape.head_dim, n_kv_heads=shape.n_kv_heads)
+        layer_args = self.layer_args(args, layer)
         fused = fuse_qkv(state[p + "wq.weight"], wk, wv, layer_args, self.mesh_shape[1])
         sink.put(p + shape.fused_name, fused, self.linear_format(COLUMN_PARALLEL))
         sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], layer_args, self.mesh_shape[1]),

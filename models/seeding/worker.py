@@ -21,13 +21,14 @@ def main(argv: list[str]) -> int:
     combination = Combination(raw["model"], raw["mesh"], raw["precision"], raw.get("family"),
                               tuple(raw["components"]) if raw.get("components") else None)
     try:
+        from models.common.checkpoint import CheckpointError
         from models.seeding import seed_models
         from models.seeding.runner import SeedInputError, open_model
 
         loader, _ = open_model(combination, spec.get("cache_root"))
         (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),
                                 progress=progress)
-    except SeedInputError as error:
+    except (SeedInputError, CheckpointError) as error:  # a checkpoint its config.json does not describe, ...
         progress.send("result", ok=False, reason=str(error))
         return 2
     except Exception as error:  # noqa: BLE001 - reported to the parent as this combination's failure

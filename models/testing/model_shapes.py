@@ -93,6 +93,9 @@ SHAPES: dict[str, ModelShape] = {
     # the small Llama shape the seeding tests grew up with: 250 MiB of embedding and head, 86 MiB a layer
     "llama-2k": ModelShape("llama", "LlamaForCausalLM", 2048, 5632, 32000, 32, 8, 500000.0,
                            config={"max_position_embeddings": 4096}),
+    # the smallest shape with weights written block by block: embedding and LM head 64 MiB each, 20 MiB a layer
+    "llama-1k": ModelShape("llama", "LlamaForCausalLM", 1024, 2048, 32768, 8, 4, 500000.0,
+                           config={"max_position_embeddings": 4096}),
     "llama-3.1-8b": ModelShape("llama", "LlamaForCausalLM", 4096, 14336, 128256, 32, 8, 500000.0,
                                config={"max_position_embeddings": 131072, "rope_scaling": _LLAMA3_ROPE}),
     "llama-3.1-70b": ModelShape("llama", "LlamaForCausalLM", 8192, 28672, 128256, 64, 8, 500000.0,

@@ -47,3 +47,15 @@ def ext4(path: Path, size_mib: int = 32, *, mkfs_options: tuple[str, ...] = (),
             subprocess.run(["losetup", "-d", device], capture_output=True)
     finally:
         shutil.rmtree(image_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``100m``) mounted at ``path`` for the block: a small disk that fills up."""
+    path.mkdir(parents=True, exist_ok=True)
+    _run_or_skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)", "mount", "-t", "tmpfs", "-o",
+                 f"size={size}", "tmpfs", str(path))
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

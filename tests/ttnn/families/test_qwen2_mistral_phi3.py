@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.common.checkpoint import CheckpointError, read_config
+from models.common.checkpoint import CheckpointError, CheckpointShapeError, read_config
 from models.common.decoder import column_blocked_heads
 from models.common.model_args import ModelArgs, attention_layer_types
 from models.common.reference import ReferenceDecoder, rope_inv_freq
@@ -303,7 +303,8 @@ def test_longrope_factor_count_must_match_the_rotary_frequencies():
 def test_phi3_config_that_does_not_fit_the_fused_weight_is_a_clear_error(checkpoints, cache_root, tmp_path):
     checkpoint = shutil.copytree(checkpoints["phi3"], tmp_path / "phi3-wrong-kv")
     rewrite_config(checkpoint, lambda config: config.update(num_key_value_heads=4))
-    with pytest.raises(ValueError, match="fused weight has 384 rows; the config says"):
+    with pytest.raises(CheckpointShapeError, match=r"tensor model\.layers\.0\.self_attn\.qkv_proj\.weight has shape "
+                       r"\[384, 256\]; config\.json implies .* = \[512, 256\]"):
         Phi3Loader(checkpoint, precision="bfloat16").load()
 
 

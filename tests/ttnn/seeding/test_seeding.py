@@ -96,7 +96,9 @@ def test_seed_without_checkpoint_of_a_cold_cache_is_a_clear_error(tiny, tmp_path
         cls("org/not-on-this-machine", cache_root=tmp_path / "other").seed()
 
 
-def test_seed_that_fails_midway_leaves_the_cache_cold(tiny, tmp_path):
+def test_seed_of_a_checkpoint_missing_a_layer_builds_nothing(tiny, tmp_path):
+    """The missing tensors are found when the build is planned from the headers, before the build lock
+    (a failure midway through the writes: test_cold_load's failing worker)."""
     broken = tmp_path / "broken"
     broken.mkdir()
     for item in tiny["llama"].iterdir():
@@ -108,8 +110,7 @@ def test_seed_that_fails_midway_leaves_the_cache_cold(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="no tensor for"):
         loader.seed()
     assert not loader.status().warm
-    assert not list_cache_files(loader.cache_dir), "a failed build leaves none of the files it wrote"
-    assert [p.name for p in loader.cache_dir.iterdir()] == [".build.lock"]
+    assert not loader.cache_dir.exists(), list(loader.cache_dir.iterdir())
 
 
 def test_released_checkpoint_pages_read_back_the_same(tiny):
