@@ -1,12 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Warm starts at disk speed from a cold page cache: read the cache's files ahead of the loader.
 
-``ttnn.load_tensor`` maps a tensorbin lazily, so a warm build returns in milliseconds and the
-bytes are read later, when the tensors are used (uploaded to a device, or read on host). On a
-page cache that is cold (a fresh node, a shared mount, after ``drop_caches``) those reads are
-page faults, one read-around window at a time, in the consumer's order, on one thread: on this
-machine a mapped copy of a 2 GiB cache takes 1.4x as long as 4 parallel ``cat`` of the same files
-(``scripts/bench_readers.py``).
+A warm read copies each tensorbin, file after file, into sealed memory that ttnn maps
+(:mod:`models.common.file_snapshot`). On a page cache that is cold (a fresh node, a shared mount,
+after ``drop_caches``) that copy reads one file at a time, one readahead window after another, on
+one thread: on this machine a single sequential reader of a 2 GiB cache takes 1.4x as long as 4
+parallel ``cat`` of the same files (``scripts/bench_readers.py``).
 
 The prefetcher reads the variant's files into the page cache ahead of the consumer, in the order
 the marker records them (the order the loader maps them, the host sidecar last), on a few daemon
