@@ -5,7 +5,6 @@ kills the process (SIGBUS) and is never served; at worst the load says so and bu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -13,34 +12,27 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from models.common import weight_cache as wc
 from models.common.file_snapshot import FileChanged, open_once, read_snapshot, sealed_snapshot
 from models.common.weight_cache.marker import read_marker
+from models.gemma import Gemma3Loader
+from models.gemma.loader import HOST_EMBEDDING
 from models.llama import LlamaLoader
 from models.testing.file_access import FileAccesses
-from models.testing.tiny_models import make_checkpoint, tensors_of
+from models.testing.tiny_models import make_checkpoint, weight_digests
 
-# A warm load in a fresh process (``CHILD checkpoint prefetch_threads``): says how it loaded, waits
-# for a line on stdin (the parent changes a cache file meanwhile), then reads every tensor back.
+# A warm load in a fresh process (``CHILD family checkpoint prefetch_threads``): says how it loaded,
+# waits for a line on stdin (the parent changes a cache file meanwhile), then reads every tensor back.
 CHILD = """
-import hashlib, json, sys
-import torch
-from models.llama import LlamaLoader
-from models.testing.tiny_models import tensors_of
-loaded = LlamaLoader(sys.argv[1], precision="bfloat16", prefetch=int(sys.argv[2])).load()
+import json, sys
+from models.registry import loader_class
+from models.testing.tiny_models import weight_digests
+loaded = loader_class(sys.argv[1])(sys.argv[2], precision="bfloat16", prefetch=int(sys.argv[3])).load()
 print("loaded", "warm" if loaded.warm else "cold", flush=True)
 sys.stdin.readline()
-digests = {name: [hashlib.sha256(s.contiguous().view(torch.uint8).numpy()).hexdigest() for s in shards]
-           for name, shards in tensors_of(loaded).items()}
-print(json.dumps(digests, sort_keys=True), flush=True)
+print(json.dumps(weight_digests(loaded), sort_keys=True), flush=True)
 """
-
-
-def digests_of(loaded) -> dict[str, list[str]]:
-    return {name: [hashlib.sha256(s.contiguous().view(torch.uint8).numpy()).hexdigest() for s in shards]
-            for name, shards in tensors_of(loaded).items()}
 
 
 def change_in_place(fd: int, how: str) -> None:
@@ -65,11 +57,11 @@ def warm_llama(tmp_path, cache_root) -> tuple[Path, dict[str, list[str]], Path]:
     assert reference.warm
     marker = read_marker(loader.cache_dir, loader.build_variant)
     victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
-    return checkpoint, digests_of(reference), victim
+    return checkpoint, weight_digests(reference), victim
 
 
-def start_child(checkpoint: Path, prefetch: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(checkpoint), str(prefetch)], stdin=subprocess.PIPE,
+def start_child(checkpoint: Path, prefetch: int, family: str = "llama") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, family, str(checkpoint), str(prefetch)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -99,6 +91,29 @@ def test_a_tensorbin_changed_in_place_after_a_warm_load_is_never_served(warm_lla
         os.close(fd)
     state, digests, _ = finish_child(child, first)
     assert state == "warm" and digests == reference
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_a_host_sidecar_changed_in_place_after_a_warm_load_is_never_served(tmp_path, cache_root, how):
+    """The host weights (a safetensors file mapped by the warm read) likewise: Gemma 3's token
+    embedding stays the verified bytes after its sidecar is truncated or rewritten in place."""
+    checkpoint = make_checkpoint("gemma3", tmp_path / "tiny-gemma3")
+    Gemma3Loader(checkpoint, precision="bfloat16").load()
+    loader = Gemma3Loader(checkpoint, precision="bfloat16")
+    reference = loader.load()
+    assert reference.warm and HOST_EMBEDDING in reference.host_weights
+    sidecar = loader.cache_dir / read_marker(loader.cache_dir, loader.build_variant).host_sidecar.path
+    expected = weight_digests(reference)
+    fd = os.open(sidecar, os.O_RDWR)
+    try:
+        child = start_child(checkpoint, prefetch=4, family="gemma3")
+        first = child.stdout.readline()
+        assert first.split() == ["loaded", "warm"]
+        change_in_place(fd, how)
+    finally:
+        os.close(fd)
+    state, digests, _ = finish_child(child, first)
+    assert state == "warm" and digests == expected
 
 
 @pytest.mark.parametrize("how", ["truncate", "rewrite"])
