@@ -59,14 +59,17 @@ def open_verified(path: str | os.PathLike, verified: FileStamp | None, *, what: 
     try:
         with open_once(source) as opened:
             stamp = FileStamp.of(opened.info)
-            hash_copy = not (verified is not None and stamp == verified) and digest is not None
-            if verified is not None and stamp != verified and digest is None:
+            stamp_matches = verified is not None and stamp == verified
+            if verified is not None and not stamp_matches and digest is None:
                 raise WeightCacheError(f"{what} {source} changed after the gate verified it")
+            hash_copy = not stamp_matches and digest is not None
             snapshot = sealed_snapshot(opened)
     except FileChanged as error:  # not a regular file, or truncated or rewritten while copied
         raise WeightCacheError(f"{what} {source} changed after the gate verified it: {error.strerror}") from None
-    except OSError as error:
-        raise WeightCacheError(f"{what} {source} vanished after the gate ({error.strerror or error})") from None
+    except FileNotFoundError as error:
+        raise WeightCacheError(f"{what} {source} vanished after the gate ({error.strerror})") from None
+    except OSError as error:  # EIO, or no memory for the copy
+        raise WeightCacheError(f"{what} {source} cannot be read after the gate ({error.strerror or error})") from None
     with snapshot:
         if hash_copy and digest_fd(snapshot.fd) != digest:
             raise WeightCacheError(f"{what} {source} content differs from the digest recorded at build time")
