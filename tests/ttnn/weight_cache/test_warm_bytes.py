@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +223,21 @@ def test_a_digest_checked_read_hashes_the_copy(tmp_path):
     with pytest.raises(wc.WeightCacheError, match="differs from the digest"), \
             open_verified(path, None, what="test file", digest="0" * 64):
         pass
+
+
+def test_a_copy_that_cannot_be_made_is_one_clear_error(warm_llama):
+    """No room for the copy (here ``ulimit -f``: the memfd cannot grow past 4 KiB) in a cache-only
+    deploy: the load ends with one Python error naming the file, not a signal or a partial copy."""
+    checkpoint, _, _ = warm_llama
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.unlink()
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "llama", str(checkpoint), "0"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=small_files)
+    _, err = child.communicate("go\n", timeout=300)
+    assert child.returncode == 1, (child.returncode, err[-2000:])
+    assert "WeightCacheError: cached file of" in err and "cannot be read after the gate (File too large)" in err
