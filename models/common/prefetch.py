@@ -75,9 +75,9 @@ def _open_regular(path: str) -> int:
 
 def read_head(path: str) -> int:
     """Queue the read of ``path``'s first ``HEAD_BYTES`` (``posix_fadvise(WILLNEED)`` returns once
-    the reads are queued) and return its size. Mapping a tensorbin reads its head at once; with
-    every head in flight together, the loader's mapping never waits behind the pieces the
-    threads read, nor starts a read-around window of its own for each file."""
+    the reads are queued) and return its size. The warm read's copy of a tensorbin starts at its
+    head; with every head in flight together, that copy never waits behind the pieces the
+    threads read, nor starts a readahead window of its own for each file."""
     fd = _open_regular(path)
     try:
         for offset in range(0, HEAD_BYTES, _SMALLEST_WINDOW):  # the kernel reads one window per call
