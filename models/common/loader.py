@@ -326,7 +326,7 @@ class WeightLoader(ABC):
 
         A cold :meth:`load` costs what a seed costs: on the host (no ``mesh_device``) it builds
         streaming, keeping no converted weight, then reads the new generation back as a warm start
-        does (mapped, bit-identical: the same files). Where the cache cannot be written it builds in
+        does (bit-identical: the same files). Where the cache cannot be written it builds in
         memory, keeping every weight; with a ``mesh_device`` each weight is kept on the device."""
         if not self.has_checkpoint_weights:
             raise CheckpointError(

@@ -1,12 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Warm starts at disk speed from a cold page cache: read the cache's files ahead of the loader.
 
-``ttnn.load_tensor`` maps a tensorbin lazily, so a warm build returns in milliseconds and the
-bytes are read later, when the tensors are used (uploaded to a device, or read on host). On a
-page cache that is cold (a fresh node, a shared mount, after ``drop_caches``) those reads are
-page faults, one read-around window at a time, in the consumer's order, on one thread: on this
-machine a mapped copy of a 2 GiB cache takes 1.4x as long as 4 parallel ``cat`` of the same files
-(``scripts/bench_readers.py``).
+A warm read copies each tensorbin, file after file, into sealed memory that ttnn maps
+(:mod:`models.common.file_snapshot`). On a page cache that is cold (a fresh node, a shared mount,
+after ``drop_caches``) that copy reads one file at a time, one readahead window after another, on
+one thread: on this machine a single sequential reader of a 2 GiB cache takes 1.4x as long as 4
+parallel ``cat`` of the same files (``scripts/bench_readers.py``).
 
 The prefetcher reads the variant's files into the page cache ahead of the consumer, in the order
 the marker records them (the order the loader maps them, the host sidecar last), on a few daemon
@@ -74,9 +73,9 @@ def _open_regular(path: str) -> int:
 
 def read_head(path: str) -> int:
     """Queue the read of ``path``'s first ``HEAD_BYTES`` (``posix_fadvise(WILLNEED)`` returns once
-    the reads are queued) and return its size. Mapping a tensorbin reads its head at once; with
-    every head in flight together, the loader's mapping never waits behind the pieces the
-    threads read, nor starts a read-around window of its own for each file."""
+    the reads are queued) and return its size. The warm read's copy of a tensorbin starts at its
+    head; with every head in flight together, that copy never waits behind the pieces the
+    threads read, nor starts a readahead window of its own for each file."""
     fd = _open_regular(path)
     try:
         for offset in range(0, HEAD_BYTES, _SMALLEST_WINDOW):  # the kernel reads one window per call

@@ -2,7 +2,7 @@
 """What a training loop asks for: the frozen parent's features and logits of a batch of prompts.
 
 With the cache on, a prompt is served by the in-memory ``BaseForwardCache`` (read-only views),
-else by the durable sidecar (memory-mapped, SHA-256 checked), else by another producer that is
+else by the durable sidecar (read through the opens it checked, SHA-256 checked), else by another producer that is
 computing it right now (waited for), else computed by one parent prefill; a batch's misses are
 stored as one wave (:meth:`FeatureProducer.obtain`). A store that fails keeps the features in
 memory (the producer says so). With the cache off, every prompt is a prefill.

@@ -148,6 +148,19 @@ def tensors_of(loaded) -> dict[str, list[torch.Tensor]]:
     return {name: host_shards(t) for name, t in loaded.weights.items()}
 
 
+def weight_digests(loaded) -> dict[str, list[str]]:
+    """SHA-256 of every device weight's shards and of every host weight, as read back now
+    (every byte touched: a child process can print them for its parent to compare)."""
+    import hashlib
+
+    def digest(tensor: torch.Tensor) -> str:
+        return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy()).hexdigest()
+
+    digests = {name: [digest(s) for s in shards] for name, shards in tensors_of(loaded).items()}
+    digests.update({f"host {name}": [digest(t)] for name, t in loaded.host_weights.items()})
+    return digests
+
+
 # A warm start in a fresh process (``python -c WARM_START_PROBE FAMILY CHECKPOINT``): prints WARM or COLD
 # and the heavy modules it imported ("-" for none).
 WARM_START_PROBE = """

@@ -212,6 +212,11 @@ def read_json_object(path: Path, what: str) -> tuple[dict[str, object], bytes]:
             data = stream.read(MANIFEST_MAX_BYTES + 1)
     except OSError as error:
         raise FrozenBackboneCacheError(f"cannot read {what} {path}: {error}") from error
+    return parse_json_object(data, path, what), data
+
+
+def parse_json_object(data: bytes | bytearray, path: Path, what: str) -> dict[str, object]:
+    """The JSON object in ``data`` (the bytes of ``path``); any problem is a FrozenBackboneCacheError."""
     if len(data) > MANIFEST_MAX_BYTES:
         raise FrozenBackboneCacheError(f"{what} {path} is larger than {MANIFEST_MAX_BYTES} bytes")
     try:
@@ -221,7 +226,7 @@ def read_json_object(path: Path, what: str) -> tuple[dict[str, object], bytes]:
     record = str_keyed(value)
     if record is None:
         raise FrozenBackboneCacheError(f"{what} {path} is not a JSON object")
-    return record, data
+    return record
 
 
 def expect(condition: bool, root: Path, message: str) -> None:
@@ -339,17 +344,31 @@ def hash_matches(root: Path, path: Path, spec: ArtifactSpec, recorded_sha256: st
         actual = sha256_file(path)
     except OSError as error:
         raise FrozenBackboneCacheError(f"cannot read {path}: {error}") from error
-    expect(actual == recorded_sha256, root, f"{spec.name} content does not match its SHA-256")
+    digest_matches(root, spec, actual, recorded_sha256)
+
+
+def digest_matches(root: Path, spec: ArtifactSpec, actual_sha256: str, recorded_sha256: str) -> None:
+    expect(actual_sha256 == recorded_sha256, root, f"{spec.name} content does not match its SHA-256")
+
+
+def recorded_digests(root: Path, manifest: dict[str, object], specs: tuple[ArtifactSpec, ...],
+                     sizes: tuple[int, ...]) -> tuple[str, ...]:
+    """Check every artifact record of a manifest against its spec and its file's size (``sizes``,
+    in ``specs`` order); return the SHA-256 each records."""
+    artifacts = str_keyed(manifest.get("artifacts"))
+    expect(artifacts is not None, root, "manifest has no artifacts object")
+    return tuple(
+        check_artifact_record(root, manifest.get("schema"), spec, artifacts.get(spec.name), size)
+        for spec, size in zip(specs, sizes, strict=True)
+    )
 
 
 def check_artifacts(root: Path, manifest: dict[str, object], specs: tuple[ArtifactSpec, ...]) -> None:
     """Every artifact of a manifest: its record, its file's size and its SHA-256 (reads them all)."""
-    artifacts = str_keyed(manifest.get("artifacts"))
-    expect(artifacts is not None, root, "manifest has no artifacts object")
     for spec in specs:
         path = root / spec.file_name
         observed = regular_file_stat(path, root, spec.name)
-        recorded = check_artifact_record(root, manifest.get("schema"), spec, artifacts.get(spec.name), observed.st_size)
+        (recorded,) = recorded_digests(root, manifest, (spec,), (observed.st_size,))
         hash_matches(root, path, spec, recorded)
 
 

@@ -9,16 +9,19 @@ that *fails* (ENOSPC, EIO) removes everything it wrote before re-raising, so a f
 left fuller; a killed writer's files are removed by the next store of that object or by
 :func:`models.common.prefill_cache.maintenance.gc`, which knows the writer is dead because it can
 take the writer's lock (a ``flock``: valid across PID namespaces, unlike a pid). Published files
-are never modified in place (a repair renames new files over them), so tensors mapped earlier
-stay valid. :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` runs the same protocol for
+are never modified in place (a repair renames new files over them). :meth:`FrozenBackboneFeatureSidecar.store_batch_boundary` runs the same protocol for
 a whole wave with one flush per phase and locks taken in one global order.
 
-Read protocol: every manifest field, every artifact record and every artifact's SHA-256 is
-checked before the files are memory-mapped; anything off - including any ``OSError`` on the way
-(an unreadable file, a cache root that is a regular file) - raises
-:class:`FrozenBackboneCacheError`. The proof is kept in a bounded in-process LRU and reused while
-the stamps of all four files (:class:`~models.common.weight_cache.stamps.FileStamp`: inode, size,
-mtime, ctime) are unchanged - but only for files last changed a whole clock tick before the proof
+Read protocol: each of the four files is opened once and checked to be the file stamped, and
+everything is read through those opens (:mod:`models.common.file_snapshot`, the rule shared with
+the weight cache: open once, verify, copy out through the descriptor, never map a cache file):
+every manifest field, every artifact record and the SHA-256 of every artifact's bytes as read
+into the tensors returned; anything off - including any ``OSError`` on the way (an unreadable
+file, a cache root that is a regular file) - raises :class:`FrozenBackboneCacheError`. A hit's
+tensors are memory of the caller's own: a file truncated or rewritten later never reaches them.
+The proof is kept in a bounded in-process LRU and reused while the stamps of all four files
+(:class:`~models.common.weight_cache.stamps.FileStamp`: inode, size, mtime, ctime) are unchanged,
+the summary's checked on the very open it is read through - but only for files last changed a whole clock tick before the proof
 (the one racy-clock rule of :mod:`models.common.weight_cache.stamps`), because coarse
 file-system clocks can hide a same-size rewrite made within one tick (git's "racy clean" rule).
 Changed stamps (a copy, a restore, a remount) only mean "hash again", never "corrupt".
@@ -47,6 +50,7 @@ from typing import Final, NamedTuple
 import torch
 from loguru import logger
 
+from models.common.file_snapshot import OpenFile, open_once, read_snapshot
 from models.common.fileio import (
     atomic_write_bytes,
     file_lock,
@@ -61,21 +65,24 @@ from models.common.fileio import (
 from models.common.prefill_cache.identity import FEATURE_DTYPES, FrozenBackboneCacheAuthority, tensor_bytes
 from models.common.prefill_cache.layout import (
     ARTIFACT_NAMES,
+    MANIFEST_MAX_BYTES,
     FROZEN_BACKBONE_SIDECAR_PROGRESS_SCHEMA,
     FrozenBackboneCacheError,
     _ObjectPaths,
     artifact_record,
     artifact_specs,
     canonical_json,
-    check_artifacts,
     check_manifest_header,
+    digest_matches,
     expect,
     is_int,
     is_sha256_hex,
     json_sha256,
     manifest_bytes,
     normalized_authority,
+    parse_json_object,
     read_json_object,
+    recorded_digests,
     str_keyed,
 )
 from models.common.prefill_cache.legacy import LEGACY_INDEX
@@ -138,9 +145,9 @@ class _ProofCache:
     small artifacts as tensors).
 
     A hit means "these exact files were fully hashed and matched", so a hot object costs four
-    ``stat`` calls and one ``mmap`` instead of a re-hash. The few KiB of the final hidden state
-    and input position ride along with the proof (bounded in total) so a hit maps one file, not
-    three. Reset in a forked child (its lock may be mid-use)."""
+    ``stat`` calls and one read of the summary instead of a re-hash. The few KiB of the final
+    hidden state and input position ride along with the proof (bounded in total) so a hit reads
+    one file, not three. Reset in a forked child (its lock may be mid-use)."""
 
     def __init__(self, capacity: int, byte_budget: int) -> None:
         self.capacity = capacity
@@ -240,7 +247,7 @@ class FrozenBackboneFeatureSidecar:
     # -- lookup ---------------------------------------------------------------------------
 
     def lookup_boundary(self) -> FrozenBackbonePrefillPacket | None:
-        """The stored row (memory-mapped), or None on a miss. Never writes anything.
+        """The stored row (read into tensors of the caller's own), or None on a miss. Never writes anything.
 
         Raises FrozenBackboneCacheError when an object exists but does not check out, or when
         the cache cannot be read at all."""
@@ -266,71 +273,80 @@ class FrozenBackboneFeatureSidecar:
         return None
 
     def _lookup(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket | None:
-        """The object at ``paths``: None without a manifest, else validated (or proven) and mapped."""
+        """The object at ``paths``: None without a manifest, else validated (or proven) and read."""
         stamps = _object_stamps(paths)
         if stamps[0] is None:
             return None
         key = (paths.stamped_names[0], self.authority_sha256)
         small = _PROOFS.holds(key, stamps)
         try:
-            if small is not None:
-                found = self._map_proven(paths, small)
-            else:
-                found = self._validate_and_map(paths, key, stamps)
+            found = self._read_proven(paths, small, stamps[2]) if small is not None else None
+            if found is None:  # not proven, or the summary is no longer the file proven: hash again
+                found = self._validate_and_read(paths, key, stamps if small is None else _object_stamps(paths))
         except (FrozenBackboneCacheError, OSError, RuntimeError):
             if _stamp(paths.manifest) is None:  # retracted meanwhile (gc, a rebuild): a miss
                 return None
             raise
         return found
 
-    def _map(self, paths: _ObjectPaths) -> FrozenBackbonePrefillPacket:
-        """Memory-map the three artifacts as one packet row (no copy, no hashing, no checks:
-        only called on content proven to be what :meth:`store_boundary` validated)."""
-        final_t, summary_t, positions_t = (
-            torch.from_file(name, shared=False, size=count, dtype=dtype).reshape(shape)
-            for name, count, dtype, shape in zip(
-                paths.artifact_names, self._elements, self._torch_dtypes, self._shapes, strict=True
-            )
-        )
+    def _row(self, final_t: torch.Tensor, summary_t: torch.Tensor, positions_t: torch.Tensor) -> FrozenBackbonePrefillPacket:
+        """The packet row of the three artifacts (tensors of the caller's own), with this
+        authority's mask and identity digests."""
         return FrozenBackbonePrefillPacket(
-            final_t, summary_t, self._summary_mask.clone(), positions_t,
-            *self._identity_template.clone().unbind(0),
+            final_t, summary_t, self._summary_mask.clone(), positions_t, *self._identity_template.clone().unbind(0)
         )
 
-    def _map_proven(self, paths: _ObjectPaths, small: _Small) -> FrozenBackbonePrefillPacket:
-        """Like :meth:`_map` for a proven object: map the summary, clone the small artifacts from
-        the proof (private copies, so callers never share memory)."""
-        summary_t = torch.from_file(
-            paths.artifact_names[1], shared=False, size=self._elements[1], dtype=self._dtype
-        ).view(self._shapes[1])
-        return FrozenBackbonePrefillPacket(
-            small.final_hidden.clone(),
-            summary_t,
-            self._summary_mask.clone(),
-            small.input_positions.clone(),
-            *self._identity_template.clone().unbind(0),
-        )
+    def _read_artifact(self, file: OpenFile, index: int) -> torch.Tensor:
+        """Artifact ``index`` read through its open file into a new tensor (never a mapping of the
+        file: :mod:`models.common.file_snapshot`)."""
+        values = torch.empty(self._elements[index], dtype=self._torch_dtypes[index])
+        read_snapshot(file, memoryview(values.view(torch.uint8).numpy()))
+        return values.view(self._shapes[index])
 
-    def _validate_and_map(
+    def _read_proven(self, paths: _ObjectPaths, small: _Small, proven: FileStamp | None) -> FrozenBackbonePrefillPacket | None:
+        """A proven object: the summary read through one open checked to be the file the proof
+        stamped (``proven``), the small artifacts cloned from the proof; None when the summary
+        opened is another file (renamed over since the stamps were taken): validate again."""
+        with open_once(paths.artifact_names[1]) as summary:
+            if FileStamp.of(summary.info) != proven:
+                return None
+            summary_t = self._read_artifact(summary, 1)
+        return self._row(small.final_hidden.clone(), summary_t, small.input_positions.clone())
+
+    def _validate_and_read(
         self, paths: _ObjectPaths, key: tuple[str, str], before: tuple[FileStamp | None, ...]
     ) -> FrozenBackbonePrefillPacket:
-        """Check everything, map, and check that nothing changed meanwhile; remember the proof."""
+        """Open the four files once, check they are the files stamped ``before``, read and check
+        everything through those opens; remember the proof."""
         started_ns = time.time_ns()
         expect(None not in before, paths.root, "an artifact is missing or not a regular file")
-        manifest, _ = read_json_object(paths.manifest, "manifest")
-        stored = check_manifest_header(paths.root, manifest)
-        expect(
-            canonical_json(normalized_authority(stored)) == canonical_json(self.authority_record),
-            paths.root,
-            "stored authority is not the requested authority",
-        )
-        check_artifacts(paths.root, manifest, self._specs)
-        packet = self._map(paths)
-        expect(int(packet.input_positions_t[0]) > 0, paths.root, "input position is not positive")
-        expect(_object_stamps(paths) == before, paths.root, "files changed while they were being validated")
-        small = _Small(packet.final_hidden_t.clone(), packet.input_positions_t.clone())
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open_once(name)) for name in paths.stamped_names]
+            expect(tuple(FileStamp.of(file.info) for file in files) == before, paths.root,
+                   "files changed while they were being validated")
+            manifest = self._read_manifest(paths, files[0])
+            stored = check_manifest_header(paths.root, manifest)
+            expect(
+                canonical_json(normalized_authority(stored)) == canonical_json(self.authority_record),
+                paths.root,
+                "stored authority is not the requested authority",
+            )
+            digests = recorded_digests(paths.root, manifest, self._specs, tuple(file.info.st_size for file in files[1:]))
+            final_t, summary_t, positions_t = (self._read_artifact(file, index) for index, file in enumerate(files[1:]))
+        for spec, tensor, digest in zip(self._specs, (final_t, summary_t, positions_t), digests, strict=True):
+            digest_matches(paths.root, spec, sha256_bytes(tensor_bytes(tensor)), digest)
+        expect(int(positions_t[0]) > 0, paths.root, "input position is not positive")
+        small = _Small(final_t.clone(), positions_t.clone())
         _PROOFS.remember(key, before, small, started_ns, timestamp_tick_ns(paths.manifest))
-        return packet
+        return self._row(final_t, summary_t, positions_t)
+
+    @staticmethod
+    def _read_manifest(paths: _ObjectPaths, file: OpenFile) -> dict[str, object]:
+        if file.info.st_size > MANIFEST_MAX_BYTES:
+            raise FrozenBackboneCacheError(f"manifest {paths.manifest} is larger than {MANIFEST_MAX_BYTES} bytes")
+        data = bytearray(file.info.st_size)
+        read_snapshot(file, memoryview(data))
+        return parse_json_object(bytes(data), paths.manifest, "manifest")
 
     # -- progress -------------------------------------------------------------------------
 
@@ -481,7 +497,7 @@ class FrozenBackboneFeatureSidecar:
             os.replace(partial, final)
 
     def store_boundary(self, packet: FrozenBackbonePrefillPacket) -> FrozenBackbonePrefillPacket:
-        """Durably publish one row and return it memory-mapped from disk.
+        """Durably publish one row and return it (private copies of the bytes written).
 
         If the object already exists (and checks out) it is returned untouched. A store that
         fails raises the OSError that stopped it after removing what it wrote."""
@@ -506,8 +522,15 @@ class FrozenBackboneFeatureSidecar:
                 raise
             self.paths.progress.unlink(missing_ok=True)
             fsync_dirs(self.paths.root.parents[index] for index in range(3))  # the object's own entry
-            with _cache_errors(f"cannot map the stored {self.paths.root}"):
-                return self._map(self.paths)
+            return self._stored_row(staged)
+
+    def _stored_row(self, staged: StagedObject) -> FrozenBackbonePrefillPacket:
+        """The row just stored, as private copies of the bytes written (never a mapping of them)."""
+        final_t, summary_t, positions_t = (
+            torch.frombuffer(bytearray(payload), dtype=dtype).view(shape)
+            for payload, dtype, shape in zip(staged.payloads, self._torch_dtypes, self._shapes, strict=True)
+        )
+        return self._row(final_t, summary_t, positions_t)
 
     @staticmethod
     def store_batch_boundary(

@@ -13,7 +13,7 @@ look at caches start in milliseconds):
 ``generations``   the build lock, generations and their ownership records, leases, retirement
 ``usage``         when a variant was last used (gc's LRU)
 ``build``         the one build transaction
-``verified_open`` a cache file opened once and proved to be the one verified
+``verified_open`` a cache file opened once, proved to be the one verified, served as a sealed copy
 ``compat``        the seed design's API (marking a build complete, the gate's bool, the warm state dict)
 ``host_sidecar``  the real host weights of a warm build (torch)
 ``placeholders``  the warm ``state_dict`` of storage-free placeholders (torch)

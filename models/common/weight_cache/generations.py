@@ -29,8 +29,8 @@ in one place:
   retirement by someone else): a retirement runs only under the build lock, so the next holder
   finishes it whoever built the generation and whether or not that builder lives.
 * **Leases** ``<generation>/.readers``: a reader holds a shared ``flock`` on it while it opens the
-  generation's files (``ttnn.load_tensor`` maps them; a mapping outlives the unlink), and the
-  builder holds one for as long as it writes. Nobody waits for it: a refused lease means the
+  generation's files (each copied into sealed memory as it is opened: the copy outlives the
+  unlink), and the builder holds one for as long as it writes. Nobody waits for it: a refused lease means the
   generation is being retired, and the reader reads the (by then newer) marker again.
 * **Retirement**, by whoever holds the build lock (a build after publishing, ``gc``, ``clean``,
   and a warm start that finds the lock free): a generation of this variant that no marker names and

@@ -33,14 +33,15 @@ def write_host_sidecar(path: Path, host: Mapping[str, torch.Tensor]) -> None:
 def read_host_sidecar(path: Path, verified: FileStamp | None, digest: str | None = None) -> dict[str, torch.Tensor]:
     """The host weights of the sidecar at ``path``, opened once and proved to be the file verified
     (its stamp ``verified``, else bytes hashing to ``digest``: see
-    :func:`~models.common.weight_cache.verified_open.open_verified`), mapped from that very open.
-    Raises :class:`WeightCacheError`. Memoized on the opened file's identity."""
+    :func:`~models.common.weight_cache.verified_open.open_verified`), mapped from the sealed copy
+    taken through that very open. Raises :class:`WeightCacheError`. Memoized on the opened file's
+    identity."""
     with open_verified(path, verified, what="host sidecar", digest=digest) as opened:
         key = (opened.source, opened.stamp)
         tensors = _SIDECAR_MEMO.get(key)
         if tensors is None:
             try:
-                sidecar = SafetensorsFile(Path(opened.path))  # zero-copy views: a warm start maps, never copies
+                sidecar = SafetensorsFile(Path(opened.path))  # views of the sealed copy, never of the file
                 tensors = {name: sidecar.tensor(name) for name in sidecar.names()}
             except (OSError, ValueError, RuntimeError) as error:
                 raise WeightCacheError(f"host sidecar {path} is unreadable: {error}") from None

@@ -338,9 +338,10 @@ class TensorCache:
         return result
 
     def _load(self, relative: str, name: str, tensor: torch.Tensor, fmt: TensorFormat) -> ttnn.Tensor:
-        """Load a cached file, opened once and proved to be the one the gate verified (ttnn may
-        crash the process on a forged file, so one replaced since the gate is never handed to it),
-        and check it is the tensor asked for. Any failure (a torn or forged file can make ttnn raise
+        """Load a cached file, opened once, proved to be the one the gate verified (ttnn may
+        crash the process on a forged file, so one replaced since the gate is never handed to it)
+        and copied into sealed memory that ttnn maps instead of the file (one truncated or
+        rewritten later cannot reach the tensor), and check it is the tensor asked for. Any failure (a torn or forged file can make ttnn raise
         anything, ``MemoryError`` included) is a :class:`WeightCacheError` naming the file: the
         loader then builds cold, or reports it without a checkpoint."""
         path = os.path.join(self._root, relative)

@@ -182,7 +182,7 @@ def test_packet_rejects_bad_geometry_and_values():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_store_then_lookup_is_bit_exact_and_memory_mapped(tmp_path, dtype):
+def test_store_then_lookup_is_bit_exact(tmp_path, dtype):
     sidecar, features = row(tmp_path, 1, dtype=dtype)
     assert sidecar.lookup_boundary() is None
     stored = sidecar.store_boundary(features)
@@ -333,14 +333,15 @@ def test_threads_storing_and_looking_up_the_same_objects(tmp_path):
 
 @pytest.fixture
 def hash_calls(monkeypatch):
+    """The artifacts a lookup hashed (each content check follows a hash of the bytes read)."""
     calls = []
-    real = layout.sha256_file
+    real = sidecar_module.digest_matches
 
-    def counting(path):
-        calls.append(path)
-        return real(path)
+    def counting(root, spec, *args):
+        calls.append(spec.name)
+        return real(root, spec, *args)
 
-    monkeypatch.setattr(layout, "sha256_file", counting)
+    monkeypatch.setattr(sidecar_module, "digest_matches", counting)
     return calls
 
 
