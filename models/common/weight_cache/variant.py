@@ -22,8 +22,8 @@ it) and ``tt-cache ls`` shows it.
 
 **The probe.** A one-element tensor is dumped by ttnn's own writer and its header read back
 (``<u64 length><flatbuffer header>``, as :mod:`~models.common.weight_cache.tensorbin` reads it): the
-format is the header's kind, the alignment of the data region after it, and a digest of the header
-bytes, so any change in how ttnn encodes a header is another format. It runs once per process and
+format is the header's kind, where the data starts after it, and a digest of the header bytes, so any
+change in how ttnn encodes a header (a field, its padding) is another format. It runs once per process and
 only where ttnn is imported already (about 1 ms); its result is recorded in the user state dir,
 keyed by the installed ttnn (version, and the inode, size and mtime of its native library: found
 without importing it), so a torch-free process (``tt-cache check``, ``seed --check``) compares the
@@ -56,7 +56,6 @@ from models.common.fileio import atomic_write_bytes, read_regular
 
 PROBE_RECORD = Path("ttnn", "tensorbin-format.json")  # under the user state dir
 MAX_PROBE_RECORD_BYTES = 4096
-MAX_DATA_ALIGNMENT = 4096
 _HEADER_LENGTH = struct.Struct("<Q")
 
 
@@ -120,11 +119,11 @@ class TtnnRuntime:
 
 
 def tensorbin_format_of(raw: bytes) -> str:
-    """The format of a tensorbin from its first bytes: ``<kind>-a<alignment>-<header digest>``.
+    """The format of a probe tensorbin from its bytes: ``<kind>-d<data offset>-<header digest>``.
 
-    ``kind`` is ``flatbuffer`` when the header's root offset lies inside it (else ``framed``);
-    ``alignment`` the largest power of two (up to 4096) the data region starts on; the digest is
-    over the length and the header, so any change in how ttnn encodes a header is another format."""
+    ``kind`` is ``flatbuffer`` when the header's root offset lies inside it (else ``framed``); the
+    data offset is where the data region starts (8 + the header's length, its padding included);
+    the digest is over both, so any change in how ttnn encodes the probe's header is another format."""
     if len(raw) < _HEADER_LENGTH.size + 4:
         raise TensorbinProbeError(f"a tensorbin of {len(raw)} bytes has no header")
     (length,) = _HEADER_LENGTH.unpack_from(raw)
@@ -133,8 +132,7 @@ def tensorbin_format_of(raw: bytes) -> str:
         raise TensorbinProbeError(f"tensorbin header length {length} does not fit its {len(raw)}-byte file")
     (root,) = struct.unpack_from("<I", raw, _HEADER_LENGTH.size)
     kind = "flatbuffer" if 4 <= root < length else "framed"
-    alignment = min(end & -end, MAX_DATA_ALIGNMENT)
-    return f"{kind}-a{alignment}-{hashlib.sha256(raw[:end]).hexdigest()[:8]}"
+    return f"{kind}-d{end}-{hashlib.sha256(raw[:end]).hexdigest()[:8]}"
 
 
 def probe_tensorbin_format() -> str:
@@ -152,10 +150,11 @@ def probe_tensorbin_format() -> str:
     return tensorbin_format_of(raw)
 
 
+@functools.cache
 def installed_ttnn() -> tuple[str, str] | None:
     """(version, install key) of the installed ttnn, without importing it: the key names the native
     library that writes tensorbins (its inode, size and mtime), so a reinstall is another key.
-    None when ttnn is not installed."""
+    None when ttnn is not installed. Once per process (about 1 ms: ``tt-cache ls`` asks per variant)."""
     try:
         spec = importlib.util.find_spec("ttnn")
     except (ImportError, ValueError):
