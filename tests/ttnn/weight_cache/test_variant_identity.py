@@ -214,3 +214,33 @@ def test_wormhole_and_blackhole_write_the_same_block_float_tensorbin(tmp_path):
 @pytest.mark.slow
 def test_wormhole_and_blackhole_write_the_same_tensorbins_in_every_format(tmp_path):
     same_bytes_on_both_boards(EVERY_KIND, tmp_path)
+
+
+# -- a probe that cannot run -------------------------------------------------------------------
+
+
+def test_a_probe_that_cannot_write_fails_the_mark_and_the_gate_compares_what_it_can(
+        built_cache, readonly_view, captured_warnings, monkeypatch):
+    """ttnn cannot dump the probe (its temp dir is on a read-only mount): a writer records nothing
+    rather than a guessed format; a reader warns and compares the ttnn version and the recorded format."""
+    import tempfile
+
+    from models.common.weight_cache import variant
+
+    scratch = built_cache.root.parent / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(readonly_view(scratch)))
+    variant._probed.cache_clear()
+    try:
+        assert not built_cache.mark()
+        assert "Could not mark weight cache" in captured_warnings()
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        variant._probed.cache_clear()
+        assert built_cache.mark()
+        monkeypatch.setattr(tempfile, "tempdir", str(readonly_view(scratch)))
+        variant._probed.cache_clear()
+        assert status(built_cache).warm
+        assert "could not probe ttnn's tensorbin format" in captured_warnings()
+    finally:
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        variant._probed.cache_clear()
