@@ -54,8 +54,9 @@ from loguru import logger
 from models.common import envs
 from models.common.fileio import atomic_write_bytes, read_regular
 
-PROBE_RECORD = Path("ttnn", "tensorbin-format.json")  # under the user state dir
+PROBE_RECORDS = Path("ttnn")  # under the user state dir: one record per installed ttnn
 MAX_PROBE_RECORD_BYTES = 4096
+MAX_FORMAT_CHARS = 128
 _HEADER_LENGTH = struct.Struct("<Q")
 
 
@@ -175,28 +176,32 @@ def installed_ttnn() -> tuple[str, str] | None:
     return version, f"{version}|" + "|".join(sorted(stamps))
 
 
-def probe_record_path() -> Path:
-    return envs.TT_USER_STATE / PROBE_RECORD
+def probe_record_path(key: str) -> Path:
+    """Where the probe of the ttnn installed as ``key`` is recorded (one file per install, so two
+    environments of one user never overwrite each other's)."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return envs.TT_USER_STATE / PROBE_RECORDS / f"tensorbin-format.{name}.json"
 
 
 def _recorded_format(key: str) -> str | None:
     try:
-        body = json.loads(read_regular(probe_record_path(), MAX_PROBE_RECORD_BYTES))
+        body = json.loads(read_regular(probe_record_path(key), MAX_PROBE_RECORD_BYTES))
     except (OSError, ValueError):
         return None
     recorded = body.get("tensorbin_format") if isinstance(body, dict) and body.get("key") == key else None
-    return recorded if isinstance(recorded, str) and len(recorded) <= 128 else None
+    return recorded if isinstance(recorded, str) and 0 < len(recorded) <= MAX_FORMAT_CHARS else None
 
 
 def _record_format(key: str, runtime: TtnnRuntime) -> None:
     if _recorded_format(key) == runtime.tensorbin_format:
         return
+    path = probe_record_path(key)
     body = {"key": key, "ttnn_version": runtime.version, "tensorbin_format": runtime.tensorbin_format}
     try:
-        probe_record_path().parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(probe_record_path(), json.dumps(body).encode(), durable=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(body).encode(), durable=False)
     except OSError as error:  # a read-only home: torch-free processes compare the version alone
-        logger.debug(f"could not record the tensorbin format in {probe_record_path()}: {error}")
+        logger.debug(f"could not record the tensorbin format in {path}: {error}")
 
 
 @functools.cache
@@ -212,7 +217,7 @@ def _probed() -> TtnnRuntime:
 def ttnn_runtime(*, probe: bool = False) -> TtnnRuntime | None:
     """This process's ttnn: probed (once) where ttnn is imported, or ``probe`` asks for it (a
     writer); else the installed ttnn's version and its recorded format; None without ttnn."""
-    if probe or "ttnn" in sys.modules or _probed.cache_info().currsize:
+    if probe or "ttnn" in sys.modules:
         if "ttnn" not in sys.modules:
             if importlib.util.find_spec("ttnn") is None:
                 return None
