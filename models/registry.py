@@ -29,8 +29,11 @@ class Family:
     layout_version: int = 1
 
     def build_variant(self, precision: str) -> dict[str, Any]:
-        """The options that decide which files a build writes (matched exactly by the gate)."""
-        return {"family": self.name, "precision": precision, "layout_version": self.layout_version}
+        """The options that decide which files a build writes (matched exactly by the gate, with
+        the rest of the variant's identity: :mod:`models.common.weight_cache.variant`)."""
+        from models.common.weight_cache.variant import family_variant
+
+        return family_variant(self.name, precision, self.layout_version)
 
     def default_components(self, config: dict[str, Any]) -> tuple[str, ...]:
         """What a build holds when none are named: every component the checkpoint has (a text-only

@@ -13,7 +13,8 @@ from typing import Any
 from models.common.weight_cache.layout import CacheRoot
 from models.tt_cache.common import EXIT_FAILED, EXIT_OK, CliError, emit, existing_dir, table
 
-LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "SIZE", "STATE", "BUILT IN", "LAST USED", "PATH")
+LS_COLUMNS = ("MODEL", "FAMILY", "PRECISION", "MESH", "COMPONENTS", "TTNN", "SIZE", "STATE", "BUILT IN", "LAST USED",
+              "PATH")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -27,11 +28,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     leftovers = [build.as_json() for build in (scan_leftovers(root) if root.is_dir() else [])]
     total = sum(row["size_bytes"] for row in rows) + sum(b["size_bytes"] for b in leftovers)
     lines = table([LS_COLUMNS] + [
-        (r["model"], r["family"], r["precision"], r["mesh"], ",".join(r["components"]) or "?",
+        (r["model"], r["family"], r["precision"], r["mesh"], ",".join(r["components"]) or "?", r["ttnn_version"] or "?",
          format_size(r["size_bytes"]), r["state"], format_duration(r["build_seconds"]), format_age(r["last_used"]),
          r["cache_dir"])
         for r in rows
-    ] + [("(unfinished or replaced build)", "?", "?", "?", "?", format_size(b["size_bytes"]), "leftover", "-",
+    ] + [("(unfinished or replaced build)", "?", "?", "?", "?", "?", format_size(b["size_bytes"]), "leftover", "-",
           format_age(b["created_ns"] / 1e9), f"{b['cache_dir']}/{b['generation']}") for b in leftovers])
     lines += [f"  {r['marker']}: {r['reason']}" for r in rows if r["state"] != "warm"]
     if leftovers:

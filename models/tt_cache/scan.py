@@ -68,6 +68,8 @@ class VariantInfo:
             "precision": self.precision,
             "mesh": self.mesh,
             "components": list(marker.components) if marker else [],
+            "ttnn_version": marker.ttnn_version if marker else None,
+            "tensorbin_format": marker.tensorbin_format if marker else None,
             "n_layers": marker.n_layers if marker else None,
             "content_id": marker.content_id if marker else None,
             "files": len(marker.files) if marker else None,

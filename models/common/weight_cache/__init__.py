@@ -2,9 +2,10 @@
 """The warm ttnn weight cache: build a model from its ``.tensorbin`` files alone, never from a
 cache that is incomplete, stale, corrupted or not this checkpoint's.
 
-Modules, from the bottom up (the first six import neither torch nor ttnn, so the tools that only
+Modules, from the bottom up (the first seven import neither torch nor ttnn, so the tools that only
 look at caches start in milliseconds):
 
+``variant``       a variant's identity (build variant, mesh, ttnn version, tensorbin format), one object
 ``layout``        every name and path of a cache; :class:`VariantPaths`, one variant's paths
 ``stamps``        :class:`FileStamp`, the racy-clock rule, the bounded :class:`StampIndex`
 ``marker``        the completion marker's format, parsed and validated as data
@@ -37,9 +38,9 @@ from models.common.lazy_exports import lazy_exports
 _EXPORTS = {
     "layout": (
         "WEIGHT_CACHE_MARKER", "HOST_WEIGHTS_SIDECAR", "TENSORBIN_SUFFIX", "VariantPaths", "CacheRoot",
-        "marker_path", "normalize_mesh_shape", "normalize_components", "canonical_variant", "variant_tag",
-        "list_cache_files", "cache_bytes",
+        "marker_path", "normalize_components", "list_cache_files", "cache_bytes",
     ),
+    "variant": ("VariantIdentity", "normalize_mesh_shape", "canonical_variant", "variant_tag"),
     "stamps": ("FileStamp", "StampIndex"),
     "marker": (
         "WEIGHT_CACHE_FORMAT_VERSION", "WeightCacheError", "MarkerFormatError", "WeightCacheMarker", "FileRecord",
@@ -74,4 +75,5 @@ if TYPE_CHECKING:  # static analysers see the eager imports
     from models.common.weight_cache.placeholders import *  # noqa: F403
     from models.common.weight_cache.stamps import *  # noqa: F403
     from models.common.weight_cache.usage import *  # noqa: F403
+    from models.common.weight_cache.variant import *  # noqa: F403
     from models.common.weight_cache.warm_read import *  # noqa: F403

@@ -5,7 +5,9 @@ No torch, no ttnn: tools that only look at caches (``tt-cache ls/check/verify``,
 start in milliseconds.
 
 **Stat-fast, hash-sure.** The marker must be valid and record this model (by content id, and by
-model id for a cache-only load), layer count, mesh shape, variant and at least these components;
+model id for a cache-only load), layer count, at least these components, and this variant's
+identity (build variant, mesh shape, ttnn version and tensorbin format:
+:meth:`~models.common.weight_cache.variant.VariantIdentity.mismatch` says how it differs);
 every file it records must exist with its recorded size. A file whose stamp is the one recorded
 when the build hashed it, and settled (:mod:`~models.common.weight_cache.stamps`), is trusted on
 ``stat`` alone; any other (replaced, rewritten, copied, restored, or hashed within its racy tick)
@@ -24,16 +26,11 @@ from typing import Any
 
 from models.common import envs
 from models.common.fileio import HASH_THREADS, map_largest_first
-from models.common.weight_cache.layout import (
-    VariantPaths,
-    canonical_variant,
-    normalize_components,
-    normalize_mesh_shape,
-    variant_unverifiable,
-)
+from models.common.weight_cache.layout import VariantPaths, normalize_components
 from models.common.weight_cache.marker import FileRecord, WeightCacheError, WeightCacheMarker, read_marker
 from models.common.weight_cache.stamps import COARSE_TICK_NS, FileStamp, StampIndex, hash_stamped, timestamp_tick_ns
 from models.common.weight_cache.usage import answers_to
+from models.common.weight_cache.variant import VariantIdentity, variant_unverifiable
 
 DEFAULT_FORCE_ENV = "TT_TRANSFORMERS_FORCE_MODEL_LOAD"
 
@@ -169,16 +166,15 @@ def weight_cache_status(
         (content_id is not None or model_id is not None or marker.model_name == model_name,
          lambda: f"marker is for model {marker.model_name!r}, not {model_name!r}"),
         (marker.n_layers == n_layers, lambda: f"marker is for {marker.n_layers} layers, not {n_layers}"),
-        (marker.mesh_shape == normalize_mesh_shape(mesh_shape),
-         lambda: f"marker is for mesh {marker.mesh_shape}, not {normalize_mesh_shape(mesh_shape)}"),
         (set(normalize_components(components)) <= set(marker.components),
          lambda: f"marker covers components {list(marker.components)}, build needs {normalize_components(components)}"),
-        (marker.build_variant == canonical_variant(build_variant),
-         lambda: f"marker variant {marker.build_variant!r} != {build_variant!r}"),
     )
     for passed, reason in checks:
         if not passed:
             return _cold(reason())
+    differs = marker.identity.mismatch(VariantIdentity.here(build_variant, mesh_shape))
+    if differs:
+        return _cold(differs)
     problem, restamped = check_files(paths, marker)
     if problem:
         kind = "host sidecar" if marker.host_sidecar is not None and problem.startswith(marker.host_sidecar.path + " ") \

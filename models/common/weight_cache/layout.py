@@ -23,8 +23,13 @@ A cache root (``$TT_CACHE_PATH``)::
         .stamps/.checkpoints.lock                   held to write one of those and prune them (a use: shared)
         prefill/                                    the prefill-feature cache (:mod:`models.common.prefill_cache`)
 
-``<tag>`` is a short digest of the build variant (family, precision, layout version), so variants
-sharing a directory never touch each other's marker, stamps or generations. Callers of the seed API
+**What a variant is** (:mod:`~models.common.weight_cache.variant`, its one home): anything that changes
+the bytes of a cached file, or how they are read, is part of the variant: the build variant (family,
+precision, layout version), the mesh shape, the ttnn version and the tensorbin format it writes. The
+marker records all of it and the gate compares all of it; a cache of another identity is cold with
+the difference in words, never loaded. ``<tag>`` is a short digest of the build variant, so variants
+sharing a directory never touch each other's marker, stamps or generations, and a build under
+another ttnn replaces its variant's files where they are. Callers of the seed API
 (``mark_weight_cache_complete``) may keep tensorbins in a variant dir itself (at its top, in
 ``layers.<n>/`` or in folders of their own) instead of in a generation; the marker records where
 every file is.
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import stat
@@ -48,6 +52,12 @@ from typing import Any
 
 from models.common import envs
 from models.common.fileio import is_temp_path
+from models.common.weight_cache.variant import (  # noqa: F401 - the variant's names, re-exported here
+    canonical_variant,
+    normalize_mesh_shape,
+    variant_tag,
+    variant_unverifiable,
+)
 
 WEIGHT_CACHE_MARKER = ".weights_complete"
 HOST_WEIGHTS_SIDECAR = ".host_weights.safetensors"
@@ -76,34 +86,6 @@ _LAYER_DIR = re.compile(r"layers\.\d+")  # a loader's per-layer directory (``lay
 # --------------------------------------------------------------------------------------------
 # Build variants
 # --------------------------------------------------------------------------------------------
-
-
-def variant_tag(build_variant: Mapping[str, Any] | None) -> str:
-    """A short, stable digest of a build variant (``none`` for the seed API's default)."""
-    if build_variant is None:
-        return "none"
-    canonical = json.dumps(build_variant, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
-def canonical_variant(build_variant: Mapping[str, Any] | None) -> Any:
-    """The build variant as the marker stores it (JSON: tuples become lists, other objects strings),
-    so the gate compares like with like."""
-    if build_variant is None:
-        return None
-    return json.loads(json.dumps(build_variant, sort_keys=True, default=str))
-
-
-def variant_unverifiable(build_variant: Mapping[str, Any] | None) -> bool:
-    return isinstance(build_variant, Mapping) and bool(build_variant.get("unverifiable"))
-
-
-def normalize_mesh_shape(mesh_shape: Any) -> str:
-    """``(1, 8)``, ``[1, 8]`` and ``ttnn.MeshShape(1, 8)`` all encode as ``"(1, 8)"``."""
-    try:
-        return str(tuple(int(d) for d in mesh_shape))
-    except (TypeError, ValueError):
-        return str(mesh_shape)
 
 
 def normalize_components(components: str | Iterable[str] | None) -> list[str]:

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The completion marker of one build variant: its format, parsed and validated as data; no torch.
 
-Marker format (``format_version`` 6), JSON, UTF-8, published atomically after a full build::
+Marker format (``format_version`` 7), JSON, UTF-8, published atomically after a full build::
 
-    {"format_version": 6, "model_name": str, "model_id": str, "content_id": hex | null,
+    {"format_version": 7, "model_name": str, "model_id": str, "content_id": hex | null,
      "generation": str | null, "n_layers": int, "mesh_shape": "(1, 2)", "components": [str],
-     "build_variant": object | null, "is_moe": bool, "model_info": {...}, "model_config": {...} | null,
+     "build_variant": object | null, "ttnn_version": str | null, "tensorbin_format": str | null,
+     "is_moe": bool, "model_info": {...}, "model_config": {...} | null,
      "digest_algorithm": "blake3", "verified_ns": int,
      "files": [{"path": "g1/layers.0/wq.tensorbin", "bytes": int, "digest": hex,
                 "stamp": [inode, mtime_ns, ctime_ns], "owned": false}, ...],
@@ -17,11 +18,15 @@ digest (:mod:`~models.common.weight_cache.identity`); ``verified_ns`` when the b
 its files (the racy-clock rule of :mod:`~models.common.weight_cache.stamps` needs it); a file's
 ``owned`` (optional, true when absent) whether its build provably wrote it, so that ``gc`` may
 delete it (false: the gate verifies it, nothing deletes it; the rule is in
-:mod:`~models.common.weight_cache.compat`); ``build_seconds`` (optional: null or absent in older
-markers) how long the cold build took, from its generation's creation to the seal, so a reader
-that finds the cache warm can say what it saved (``tt-cache seed`` statistics). Every field
-is type- and range-checked and every path must stay inside the cache dir: a marker is input.
-v5 and older markers read as cold (the identity and the stamps changed meaning).
+:mod:`~models.common.weight_cache.compat`);
+``build_seconds`` (optional: null or absent in older markers) how long the cold build took, from
+its generation's creation to the seal, so a reader that finds the cache warm can say what it saved
+(``tt-cache seed`` statistics). ``build_variant``, ``mesh_shape``, ``ttnn_version`` and
+``tensorbin_format`` are the variant's identity (:class:`~models.common.weight_cache.variant.VariantIdentity`,
+:attr:`WeightCacheMarker.identity`): what the gate compares. Every field is type- and range-checked
+and every path must stay inside the cache dir: a marker is input. Older markers read as cold: v6
+records no ttnn version or tensorbin format (the cache rebuilds once), v5 and older had another
+content identity and stamps.
 """
 
 from __future__ import annotations
@@ -37,17 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import CONTENT_DIGEST_ALGORITHM, open_regular
-from models.common.weight_cache.layout import (
-    canonical_variant,
-    is_marker_name,
-    marker_path,
-    normalize_components,
-    normalize_mesh_shape,
-)
+from models.common.weight_cache.layout import is_marker_name, marker_path, normalize_components
 from models.common.weight_cache.side_files import SideFileError, depth_within, parse_json, read_json_document
 from models.common.weight_cache.stamps import FileStamp
+from models.common.weight_cache.variant import VariantIdentity
 
-WEIGHT_CACHE_FORMAT_VERSION = 6
+WEIGHT_CACHE_FORMAT_VERSION = 7
+UNIDENTIFIED_FORMAT_VERSION = 6  # the last format without the ttnn version and tensorbin format
 MAX_MARKER_BYTES = 512 << 20
 MAX_FREE_FORM_DEPTH = 16  # build_variant, model_info, model_config (a config.json nests 3 or 4 levels)
 _MAX_FILE_BYTES = 1 << 50
@@ -57,6 +58,7 @@ _MAX_LAYERS = 1 << 20
 _MAX_STAMP = 1 << 80
 _MAX_NS = 1 << 63
 _MAX_SECONDS = 1e9
+_MAX_RUNTIME_CHARS = 128  # a ttnn version or a tensorbin format
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _GENERATION = re.compile(r"g[0-9A-Za-z_-]{1,64}")
 _MESH_SHAPE = re.compile(r"\((\d+)(?:, (\d+))*,?\)")
@@ -115,6 +117,13 @@ class WeightCacheMarker:
     weights: dict[str, tuple[tuple[int, ...], str]] = field(repr=False)
     verified_ns: int = 0
     build_seconds: float | None = None
+    ttnn_version: str | None = None
+    tensorbin_format: str | None = None
+
+    @property
+    def identity(self) -> VariantIdentity:
+        """What makes these files valid (what the gate compares with the build it is asked for)."""
+        return VariantIdentity(self.build_variant, self.mesh_shape, self.ttnn_version, self.tensorbin_format)
 
     @property
     def family(self) -> str | None:
@@ -154,13 +163,16 @@ def draft_marker(
 ) -> WeightCacheMarker:
     """The marker of a build before its files are sealed (a build transaction, or the seed API,
     fills in ``files``, ``host_sidecar`` and ``verified_ns``): every field normalized as the gate
-    compares it, so the loader's builds and the seed API's record the same things the same way."""
+    compares it, so the loader's builds and the seed API's record the same things the same way.
+    The identity is this process's (the one that wrote the files), its tensorbin format probed."""
+    identity = VariantIdentity.here(build_variant, mesh_shape, probe=True)
     return WeightCacheMarker(
         model_name=model_name, model_id=model_id, content_id=content_id, generation=None, n_layers=n_layers,
-        mesh_shape=normalize_mesh_shape(mesh_shape), components=tuple(normalize_components(components)),
-        build_variant=canonical_variant(build_variant), is_moe=bool(is_moe), model_info=dict(model_info or {}),
+        mesh_shape=identity.mesh_shape, components=tuple(normalize_components(components)),
+        build_variant=identity.build_variant, is_moe=bool(is_moe), model_info=dict(model_info or {}),
         model_config=dict(model_config) if model_config is not None else None, files=(),
-        host_weights=tuple(sorted(host_weights)), host_sidecar=None, weights=dict(weights))
+        host_weights=tuple(sorted(host_weights)), host_sidecar=None, weights=dict(weights),
+        ttnn_version=identity.ttnn_version, tensorbin_format=identity.tensorbin_format)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +313,11 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
         _expect(depth_within(body.get(name), MAX_FREE_FORM_DEPTH), f"{name} is nested deeper than {MAX_FREE_FORM_DEPTH}")
     version = body.get("format_version")
     _expect(
+        not (type(version) is int and 0 < version <= UNIDENTIFIED_FORMAT_VERSION),
+        f"marker format_version {version!r} records no ttnn version or tensorbin format (written before "
+        f"caches could move between machines; this code reads {WEIGHT_CACHE_FORMAT_VERSION}): the cache rebuilds once",
+    )
+    _expect(
         version == WEIGHT_CACHE_FORMAT_VERSION and type(version) is int,
         f"marker format_version {version!r}, this code reads {WEIGHT_CACHE_FORMAT_VERSION}",
     )
@@ -330,6 +347,11 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
         or (type(build_seconds) in (int, float) and math.isfinite(build_seconds) and 0 <= build_seconds < _MAX_SECONDS),
         f"build_seconds {build_seconds!r} is not a duration in seconds",
     )
+    for name in ("ttnn_version", "tensorbin_format"):
+        _expect(name in body, f"{name} is missing")
+        value = body[name]
+        _expect(value is None or (isinstance(value, str) and 0 < len(value) <= _MAX_RUNTIME_CHARS and value.isprintable()),
+                f"{name} {value!r} is not a short string or null")
     files = body.get("files")
     _expect(isinstance(files, list) and len(files) > 0, "files is not a non-empty list")
     records = tuple(_file_record(f) for f in files)
@@ -361,6 +383,8 @@ def parse_marker(raw: bytes) -> WeightCacheMarker:
         weights={key: _weight_spec(key, spec) for key, spec in weights.items()},
         verified_ns=verified_ns,
         build_seconds=None if build_seconds is None else float(build_seconds),
+        ttnn_version=body["ttnn_version"],
+        tensorbin_format=body["tensorbin_format"],
     )
 
 
@@ -376,6 +400,8 @@ def marker_json(marker: WeightCacheMarker) -> bytes:
         "components": list(marker.components),
         "mesh_shape": marker.mesh_shape,
         "build_variant": marker.build_variant,
+        "ttnn_version": marker.ttnn_version,
+        "tensorbin_format": marker.tensorbin_format,
         "is_moe": marker.is_moe,
         "model_info": marker.model_info,
         "model_config": marker.model_config,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -34,8 +35,8 @@ def test_build_twice_is_warm_and_ls_check_verify_agree(seeded):
     listing = tt_cache("ls", env=env)
     assert listing.returncode == 0
     row = next(line for line in listing.stdout.splitlines() if "tiny-qwen3" in line).split()
-    assert row[1:7] == ["qwen3", "bfloat16", "1x2", "text", row[5], "warm"]
-    assert row[7].endswith("s") and float(row[7].rstrip("s")) > 0  # how long the cold build took
+    assert row[1:8] == ["qwen3", "bfloat16", "1x2", "text", importlib.metadata.version("ttnn"), row[6], "warm"]
+    assert row[8].endswith("s") and float(row[8].rstrip("s")) > 0  # how long the cold build took
     assert tt_cache("check", str(cache_dir), env=env).returncode == 0
     verify = tt_cache("verify", str(cache_dir), env=env)
     assert verify.returncode == 0 and "intact" in verify.stdout
