@@ -26,6 +26,7 @@ from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.model_args import ModelArgs
 from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.placeholders import placeholder
 from models.common.weight_cache.tensor_cache import TensorFormat, stored_bytes
 
@@ -117,18 +118,20 @@ class _PlanSink(WeightSink):
         self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes, self._unit))
 
 
-def checkpoint_specs(loader: Convertible) -> dict[str, tuple[list[int], torch.dtype]]:
-    """Shape and dtype of every checkpoint tensor (under the loader's names), headers only."""
-    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+def checkpoint_specs(loader: Convertible, proof: ProvenCheckpoint | None = None) -> dict[str, tuple[list[int], torch.dtype]]:
+    """Shape and dtype of every checkpoint tensor (under the loader's names), headers only
+    (through the build's ``proof``, when planning a build)."""
+    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
     try:
         return {key: reader.spec(key) for key in reader.keys()}
     finally:
         reader.close()
 
 
-def plan_weights(loader: Convertible, args: ModelArgs) -> list[PlannedWeight]:
-    """Every weight of this build in build order, from checkpoint headers only (nothing converted)."""
-    specs = checkpoint_specs(loader)
+def plan_weights(loader: Convertible, args: ModelArgs, proof: ProvenCheckpoint | None = None) -> list[PlannedWeight]:
+    """Every weight of this build in build order, from checkpoint headers only (nothing converted;
+    read through the build's ``proof``, if given)."""
+    specs = checkpoint_specs(loader, proof)
     state = _Recording(specs)
     sink = _PlanSink(state, [k for k in specs if loader.is_host_weight(k)], specs)
     loader.convert(sink, args)

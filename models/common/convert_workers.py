@@ -5,7 +5,7 @@
 without a second interpreter and its imports (Ray's fixed start, 11-15 s here; Ray stays the engine
 for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own
 mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
-units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
+units; every worker reads through the build's one proof, :mod:`~models.common.weight_cache.checkpoint_proof`), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
 
 A worker with no unit left converts chunks of the large weights others are still writing block by
@@ -32,6 +32,7 @@ from typing import Any
 from models.common import envs
 from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
 from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.tensor_cache import TensorCache, tensorbin_name
 
@@ -80,18 +81,19 @@ class WorkersResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_pending_bytes: int,
-                       on_written: Callable[[str, int], None] | None = None) -> WorkersResult:
+def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, proof: ProvenCheckpoint,
+                       max_pending_bytes: int, on_written: Callable[[str, int], None] | None = None) -> WorkersResult:
     """Convert every weight of ``loader``'s build into the generation ``root`` on ``workers`` threads
-    (streaming: nothing kept). The first error of any worker is raised once all have stopped; the
-    caller's transaction then removes what they wrote. Call it inside ``conversion_threads()``."""
-    plan: list[PlannedWeight] = plan_weights(loader, args)
+    (streaming: nothing kept), each reading the checkpoint through the build's ``proof`` (the
+    caller checks it once they are done). The first error of any worker is raised once all have
+    stopped; the caller's transaction then removes what they wrote. Call it inside ``conversion_threads()``."""
+    plan: list[PlannedWeight] = plan_weights(loader, args, proof)
     claims = _Claims()
     board = ChunkBoard(workers, stop=claims.failed)
     caches: list[TensorCache] = []
 
     def work(_: int) -> list[str]:
-        reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+        reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
         try:
             with TensorCache(root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
                              on_written=on_written, chunk_board=board) as cache:

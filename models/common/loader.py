@@ -18,7 +18,9 @@ A load goes:
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
-   nothing behind. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   nothing behind. Every checkpoint byte it converts is read through one
+   :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the bytes the content
+   id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
 
 A family subclasses :class:`WeightLoader` with its key renaming rules, its :class:`ModelArgs`
 and its ``convert`` (see :mod:`models.common.decoder` for the layouts families share).
@@ -50,6 +52,7 @@ from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.layout import CacheRoot
@@ -221,6 +224,7 @@ class WeightLoader(ABC):
     model_id = property(lambda self: self.request.model_id)
     has_checkpoint_weights = property(lambda self: self.request.has_checkpoint_weights)
     content_id = property(lambda self: self.request.content_id)
+    identity = property(lambda self: self.request.identity)
     cache_dir = property(lambda self: self.request.cache_dir)
     paths = property(lambda self: self.request.paths)
 
@@ -262,7 +266,8 @@ class WeightLoader(ABC):
             return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
         if progress is not None:
-            plan = plan_weights(self, args)
+            with ProvenCheckpoint(self.identity) as proof:
+                plan = plan_weights(self, args, proof)
             progress.start(len(plan), sum(w.estimated_bytes for w in plan))
         loaded = self._load_cold(args, status.reason, start, stream=True, on_written=counter)
         if progress is not None:
@@ -351,8 +356,19 @@ class WeightLoader(ABC):
         writes queued, checkpoint pages released after each weight (host weights excepted: the
         sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written.
         ``stream_if_cached`` (a cold load): stream too when the generation can be written; the
-        result is then ``streamed`` (no weights: the caller reads the cache back)."""
-        reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
+        result is then ``streamed`` (no weights: the caller reads the cache back).
+
+        Every reader of the build goes through one :class:`ProvenCheckpoint`, checked again once
+        the last weight is converted, before anything is published: a checkpoint file changed since
+        the content id was computed aborts the build (:class:`CheckpointChanged`, naming it)."""
+        with ProvenCheckpoint(self.identity) as proof:
+            return self._build_proven(proof, args, reason, start, transaction, stream=stream,
+                                      stream_if_cached=stream_if_cached, on_written=on_written)
+
+    def _build_proven(self, proof: ProvenCheckpoint, args: ModelArgs, reason: str, start: float,
+                      transaction: BuildTransaction, *, stream: bool, stream_if_cached: bool,
+                      on_written: Callable[[str, int], None] | None) -> LoadedModel:
+        reader = CheckpointReader(self.checkpoint_dir, self.key_rules, proof)
         state = LazyStateDict(reader)
         try:
             root = transaction.open_generation()
@@ -369,12 +385,13 @@ class WeightLoader(ABC):
                 sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
                 if parallel:
-                    workers = convert_in_workers(self, args, root, self.workers, max_pending_bytes=STREAM_PENDING_BYTES,
-                                                 on_written=on_written)
+                    workers = convert_in_workers(self, args, root, self.workers, proof=proof,
+                                                 max_pending_bytes=STREAM_PENDING_BYTES, on_written=on_written)
                 else:
                     self.convert(sink, args)
             convert_seconds = time.perf_counter() - start
             cache.finish()
+        proof.check()
         files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
             (cache.files, cache.write_errors)
         cached = root is not None and not write_errors
