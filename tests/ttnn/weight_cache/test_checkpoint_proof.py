@@ -11,9 +11,11 @@ shard for real."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,3 +169,65 @@ def test_a_ray_task_reads_only_the_drivers_content(weights, cache_root, tmp_path
     os.replace(tmp_path / "incoming", working / SHARD)
     with pytest.raises(CheckpointChanged, match=SHARD):
         convert_part(spec, names, str(tmp_path / "part"))
+
+
+def test_an_index_rewritten_after_the_content_id_fails_the_build(weights, reference, cache_root, tmp_path):
+    """The weight map a build follows is parsed from the index bytes the content id names."""
+    working, pristine = _copies(weights, tmp_path)
+    index = working / "model.safetensors.index.json"
+    body = json.loads(index.read_text())
+    body["weight_map"] = dict(reversed(body["weight_map"].items()))  # the same map, other bytes
+
+    def rewrite() -> None:
+        staged = tmp_path / "index.json"
+        staged.write_text(json.dumps(body))
+        subprocess.run(["mv", str(staged), str(index)], check=True)
+
+    with on_log("cold build into", rewrite) as seen, pytest.raises(CheckpointChanged, match=index.name):
+        LlamaLoader(working, precision="bfloat16").load()
+    assert seen
+    _assert_nothing_cached_then_own_build(pristine, reference)
+
+
+RAY_DRIVER = """
+import subprocess, sys
+from models.common.device_env import ensure_host_cluster
+ensure_host_cluster()
+from models.llama import LlamaLoader
+from models.seeding.ray_seed import SeedError, seed_on_ray
+working, staged, shard, root = sys.argv[1:5]
+
+class RenameOverBeforeTheTasks:  # start(): the driver planned the variant; no task has run yet
+    def start(self, weights, nbytes):
+        subprocess.run(["mv", staged, shard], check=True)
+    def weight_done(self, name, nbytes):
+        pass
+    def finish(self):
+        pass
+
+try:
+    seed_on_ray([LlamaLoader(working, precision="bfloat16", cache_root=root)], workers=1,
+                progress=RenameOverBeforeTheTasks())
+    print("SEEDED", flush=True)
+except SeedError as error:
+    print("SEED_ERROR", error, flush=True)
+"""
+
+
+@pytest.mark.slow  # a Ray instance: 30-60 s here; test_a_ray_task_reads_only_the_drivers_content is the short form
+def test_a_ray_seed_of_a_shard_renamed_over_after_the_drivers_content_id_fails(weights, reference, cache_root,
+                                                                                tmp_path):
+    pytest.importorskip("ray")
+    from models.testing.seed_child import REPO_ROOT, child_env
+
+    working, pristine = _copies(weights, tmp_path)
+    staged = tmp_path / "work" / "incoming.safetensors"
+    shutil.copyfile(weights["new"] / SHARD, staged)
+    driver = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(working), str(staged), str(working / SHARD),
+                             str(cache_root)], cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert driver.returncode == 0, driver.stderr[-4000:]
+    assert "SEED_ERROR" in driver.stdout and "CheckpointChanged" in driver.stdout and SHARD in driver.stdout, \
+        driver.stdout[-2000:]
+    assert not staged.exists()
+    _assert_nothing_cached_then_own_build(pristine, reference)
