@@ -118,7 +118,8 @@ class _PlanSink(WeightSink):
         self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes, self._unit))
 
 
-def checkpoint_specs(loader: Convertible, proof: ProvenCheckpoint | None = None) -> dict[str, tuple[list[int], torch.dtype]]:
+def checkpoint_specs(loader: Convertible,
+                     proof: ProvenCheckpoint | None = None) -> dict[str, tuple[list[int], torch.dtype]]:
     """Shape and dtype of every checkpoint tensor (under the loader's names), headers only
     (through the build's ``proof``, when planning a build)."""
     reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)

@@ -5,8 +5,10 @@
 without a second interpreter and its imports (Ray's fixed start, 11-15 s here; Ray stays the engine
 for more than one host). Each worker runs the family's ``convert`` over the whole plan with its own
 mapping of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders outside its
-units; every worker reads through the build's one proof, :mod:`~models.common.weight_cache.checkpoint_proof`), and converts the units it claims: the first worker to reach a unit takes it, so the work is
+units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
+Every worker maps the checkpoint through the build's one
+:class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the bytes its content id names.
 
 A worker with no unit left converts chunks of the large weights others are still writing block by
 block (:mod:`~models.common.weight_cache.chunk_board`): the build's last large weight, an LM head,

@@ -20,7 +20,8 @@ A load goes:
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
    nothing behind. Every checkpoint byte it converts is read through one
    :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the bytes the content
-   id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed`
+   is the same build streaming: nothing kept, memory flat.
 
 A family subclasses :class:`WeightLoader` with its key renaming rules, its :class:`ModelArgs`
 and its ``convert`` (see :mod:`models.common.decoder` for the layouts families share).
@@ -265,6 +266,7 @@ class WeightLoader(ABC):
             logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
             return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
+        self._require_weights(status.reason)
         if progress is not None:
             with ProvenCheckpoint(self.identity) as proof:
                 plan = plan_weights(self, args, proof)
@@ -321,10 +323,7 @@ class WeightLoader(ABC):
         streaming, keeping no converted weight, then reads the new generation back as a warm start
         does (mapped, bit-identical: the same files). Where the cache cannot be written it builds in
         memory, keeping every weight; with a ``mesh_device`` each weight is kept on the device."""
-        if not self.has_checkpoint_weights:
-            raise CheckpointError(
-                f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
-            )
+        self._require_weights(reason)
         read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
             if transaction.locked and not self.forced:  # another builder may have finished while this one waited
@@ -343,6 +342,12 @@ class WeightLoader(ABC):
                 return self._build(args, reason, start, transaction)
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
+
+    def _require_weights(self, reason: str) -> None:
+        if not self.has_checkpoint_weights:
+            raise CheckpointError(
+                f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
+            )
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction, *,
                stream: bool = False, stream_if_cached: bool = False,

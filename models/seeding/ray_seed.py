@@ -105,7 +105,8 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
         plan = plan_weights(loader, args, proof)
         reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
         state = PartState(reader)
-        with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES) as cache:
+        with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True,
+                         max_pending_bytes=STREAM_PENDING_BYTES) as cache:
             sink = PartSink(cache, state, plan, units_of(plan, names).__contains__)
             with conversion_threads():
                 loader.convert(sink, args)

@@ -67,7 +67,8 @@ class ProvenCheckpoint:
     def __enter__(self) -> ProvenCheckpoint:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
         self.close()
 
     def checkpoint_files(self) -> CheckpointFiles:
