@@ -31,6 +31,7 @@ bytes, and its temp files are removed with the generation if the variant fails, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -227,8 +228,8 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
     t = time.perf_counter()
     remote_part = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(convert_part)
     owner: dict[Any, _Variant] = {}
-    for variant in variants:
-        spec = LoaderSpec.of(variant.loader)
+    for variant in variants:  # the files as the driver's plan proved them: a task needs only their fstat
+        spec = dataclasses.replace(LoaderSpec.of(variant.loader), identity=variant.proof.proven_identity())
         for names in partition(variant.plan, workers * tasks_per_worker):
             owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
     submitted = time.perf_counter()

@@ -28,6 +28,7 @@ a tick of its content id (just written) is hashed again.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -140,6 +141,14 @@ class ProvenCheckpoint:
         if FileStamp.of(os.fstat(fd)) != stamp or not stamp.settled(verified_ns, tick):
             raise CheckpointChanged(f"{path} is being written while the build reads it; nothing was cached")
         return stamp
+
+    def proven_identity(self) -> CheckpointIdentity:
+        """The identity with the stamps this proof proved (settled ones): another process's proof of
+        the same files (a Ray task) then needs only their ``fstat``, even for files just written."""
+        with self._lock:
+            proven = {relative: IdentifiedFile(stamp, self.identity.files[relative].digest, True)
+                      for relative, (_, stamp) in self._opened.items() if relative != SAFETENSORS_INDEX}
+        return dataclasses.replace(self.identity, files={**self.identity.files, **proven})
 
     def check(self) -> None:
         """After the build's last read: every file opened still has the stamp it was proved with
