@@ -373,6 +373,7 @@ class WeightLoader(ABC):
     def _build_proven(self, proof: ProvenCheckpoint, args: ModelArgs, reason: str, start: float,
                       transaction: BuildTransaction, *, stream: bool, stream_if_cached: bool,
                       on_written: Callable[[str, int], None] | None) -> LoadedModel:
+        proof.check_config(args.config)
         reader = CheckpointReader(self.checkpoint_dir, self.key_rules, proof)
         state = LazyStateDict(reader)
         try:

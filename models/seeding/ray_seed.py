@@ -103,6 +103,7 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
         raise CheckpointError(f"{spec.model}: no checkpoint weights on the driver: nothing to convert")
     args = loader.make_args(loader.model_config(), loader.num_layers)
     with ProvenCheckpoint(spec.identity) as proof:
+        proof.check_config(args.config)
         plan = plan_weights(loader, args, proof)
         reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
         state = PartState(reader)
@@ -183,6 +184,7 @@ def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitSt
     if again.warm and not loader.forced:  # another builder finished while this one waited
         return SeedResult(loader.cache_dir, True, again.reason, True, 0, 0, time.perf_counter() - start)
     proof = transactions.enter_context(ProvenCheckpoint(loader.identity))
+    proof.check_config(args.config)
     plan = plan_weights(loader, args, proof)
     return _Variant(loader, args, status.reason, plan, build, proof, build.open_generation(), start)
 

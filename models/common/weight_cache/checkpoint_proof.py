@@ -14,6 +14,8 @@ conversion workers, a Ray task, the Ray driver's host sidecar) reads through one
   change, :meth:`~models.common.weight_cache.stamps.FileStamp.settled`); else the open file is
   hashed, once its last change is a tick old, and must give the SHA-256 the content id names.
   The shard index is small: it is always hashed, and the weight map parsed from those bytes.
+  The config the build's architecture comes from (read apart from the content id) must be the one
+  it counts (:meth:`ProvenCheckpoint.check_config`).
 * **Prove it again after the last read.** An in-place rewrite keeps the inode but moves mtime and
   ctime: :meth:`ProvenCheckpoint.check`, after conversion and before anything is published,
   compares every descriptor's ``fstat`` with the stamp it was proved with.
@@ -34,8 +36,10 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from models.common.checkpoint import (
+    CONFIG_FILE,
     MAX_INDEX_BYTES,
     SAFETENSORS_INDEX,
     SAFETENSORS_SINGLE,
@@ -44,7 +48,7 @@ from models.common.checkpoint import (
     parse_index,
 )
 from models.common.fileio import digest_fd, open_regular, sha256_bytes
-from models.common.weight_cache.identity import CheckpointIdentity, IdentifiedFile
+from models.common.weight_cache.identity import CheckpointIdentity, IdentifiedFile, canonical_config_sha256
 from models.common.weight_cache.stamps import FileStamp, timestamp_tick_ns
 
 
@@ -141,6 +145,12 @@ class ProvenCheckpoint:
         if FileStamp.of(os.fstat(fd)) != stamp or not stamp.settled(verified_ns, tick):
             raise CheckpointChanged(f"{path} is being written while the build reads it; nothing was cached")
         return stamp
+
+    def check_config(self, config: dict[str, Any]) -> None:
+        """The config a build's architecture was read from is the one its content id counts."""
+        if canonical_config_sha256(config) != self.identity.config_sha256:
+            raise CheckpointChanged(f"{self.directory / CONFIG_FILE} changed after the content id of {self.directory} "
+                                    "was computed: the build would be made for another config; nothing was cached")
 
     def proven_identity(self) -> CheckpointIdentity:
         """The identity with the stamps this proof proved (settled ones): another process's proof of

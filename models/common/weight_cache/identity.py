@@ -28,7 +28,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from loguru import logger
 
@@ -68,6 +68,7 @@ class CheckpointIdentity:
     directory: Path
     content_id: str
     files: dict[str, IdentifiedFile]
+    config_sha256: str  # config.json as the content id counts it (:func:`config_sha256`)
 
 
 def file_sha256(path: Path, relative: str, stamps: StampIndex) -> str:
@@ -99,8 +100,13 @@ def identify_file(path: Path, relative: str, stamps: StampIndex) -> IdentifiedFi
 def config_sha256(checkpoint_dir: Path) -> str:
     """SHA-256 of ``config.json`` as canonical JSON without the bookkeeping fields (a few hundred
     bytes: read each time, no stamp)."""
-    config = {key: value for key, value in read_config(checkpoint_dir).items() if key not in BOOKKEEPING_CONFIG_FIELDS}
-    return sha256_bytes(json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+    return canonical_config_sha256(read_config(checkpoint_dir))
+
+
+def canonical_config_sha256(config: dict[str, Any]) -> str:
+    """SHA-256 of a config as the content id counts it (see :func:`config_sha256`)."""
+    kept = {key: value for key, value in config.items() if key not in BOOKKEEPING_CONFIG_FIELDS}
+    return sha256_bytes(json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def content_id(checkpoint_dir: Path, stamps: StampIndex) -> str:
@@ -113,8 +119,9 @@ def checkpoint_identity(checkpoint_dir: Path, stamps: StampIndex) -> CheckpointI
     names = checkpoint_files(checkpoint_dir).identity_files
     weights = {name: identify_file(checkpoint_dir / name, name, stamps) for name in names if name != CONFIG_FILE}
     stamps.save(keep=weights)
-    digests = {CONFIG_FILE: config_sha256(checkpoint_dir)} | {name: seen.digest for name, seen in weights.items()}
-    return CheckpointIdentity(checkpoint_dir, content_id_of(names, digests), weights)
+    config = config_sha256(checkpoint_dir)
+    digests = {CONFIG_FILE: config} | {name: seen.digest for name, seen in weights.items()}
+    return CheckpointIdentity(checkpoint_dir, content_id_of(names, digests), weights, config)
 
 
 def content_id_of(names: list[str], digests: dict[str, str]) -> str:

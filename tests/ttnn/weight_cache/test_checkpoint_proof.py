@@ -232,3 +232,20 @@ def test_a_ray_seed_of_a_shard_renamed_over_after_the_drivers_content_id_fails(w
         driver.stdout[-2000:]
     assert not staged.exists()
     _assert_nothing_cached_then_own_build(pristine, reference)
+
+
+def test_a_ray_task_refuses_a_config_changed_after_the_drivers_content_id(weights, cache_root, tmp_path):
+    """The architecture a task builds comes from ``config.json`` read in the task: it must be the
+    config the driver's content id counts."""
+    from models.common.build_plan import plan_weights
+    from models.seeding.ray_seed import LoaderSpec, convert_part
+
+    working, _ = _copies(weights, tmp_path)
+    driver = LlamaLoader(working, precision="bfloat16")
+    spec = LoaderSpec.of(driver)
+    names = [w.name for w in plan_weights(driver, driver.make_args(driver.model_config(), None))]
+    config = json.loads((working / "config.json").read_text())
+    config["rms_norm_eps"] = config["rms_norm_eps"] * 10  # same tensors, another model
+    (working / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointChanged, match="config.json"):
+        convert_part(spec, names, str(tmp_path / "part"))
