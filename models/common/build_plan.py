@@ -32,6 +32,7 @@ from models.common.checkpoint import CheckpointError, CheckpointShapeError, KeyR
 from models.common.conversion import LazyStateDict, WeightSink
 from models.common.model_args import ModelArgs
 from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.placeholders import placeholder
 from models.common.weight_cache.tensor_cache import TensorFormat, stored_bytes
 
@@ -137,24 +138,28 @@ class _PlanSink(WeightSink):
         self.plan.append(PlannedWeight(name, fmt, tuple(tensor.shape), inputs, nbytes, self._unit))
 
 
-def checkpoint_specs(loader: Convertible) -> dict[str, tuple[list[int], torch.dtype]]:
-    """Shape and dtype of every checkpoint tensor (under the loader's names), headers only."""
-    return _checkpoint_headers(loader)[0]
+def checkpoint_specs(loader: Convertible,
+                     proof: ProvenCheckpoint | None = None) -> dict[str, tuple[list[int], torch.dtype]]:
+    """Shape and dtype of every checkpoint tensor (under the loader's names), headers only
+    (through the build's ``proof``, when planning a build)."""
+    return _checkpoint_headers(loader, proof)[0]
 
 
-def _checkpoint_headers(loader: Convertible) -> tuple[dict[str, tuple[list[int], torch.dtype]], dict[str, str]]:
+def _checkpoint_headers(loader: Convertible, proof: ProvenCheckpoint | None = None
+                        ) -> tuple[dict[str, tuple[list[int], torch.dtype]], dict[str, str]]:
     """:func:`checkpoint_specs`, and each tensor's name in the checkpoint."""
-    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
     try:
         return {key: reader.spec(key) for key in reader.keys()}, {key: reader.source_name(key) for key in reader.keys()}
     finally:
         reader.close()
 
 
-def plan_weights(loader: Convertible, args: ModelArgs) -> list[PlannedWeight]:
-    """Every weight of this build in build order, from checkpoint headers only (nothing converted);
-    :class:`CheckpointShapeError` at the first tensor read whose shape its config does not imply."""
-    specs, names = _checkpoint_headers(loader)
+def plan_weights(loader: Convertible, args: ModelArgs, proof: ProvenCheckpoint | None = None) -> list[PlannedWeight]:
+    """Every weight of this build in build order, from checkpoint headers only (nothing converted;
+    read through the build's ``proof``, if given); :class:`CheckpointShapeError` at the first
+    tensor read whose shape its config does not imply."""
+    specs, names = _checkpoint_headers(loader, proof)
     state = _Recording(specs, lambda key, shape: loader.tensor_shape_problem(key, shape, args), names,
                        loader.checkpoint_dir)
     sink = _PlanSink(state, [k for k in specs if loader.is_host_weight(k)], specs)

@@ -131,9 +131,16 @@ def inside_relative(value: Any, where: str) -> str:
 def _read_index(checkpoint_dir: Path) -> dict[str, str]:
     index = checkpoint_dir / SAFETENSORS_INDEX
     try:
-        body = json.loads(read_regular(index, MAX_INDEX_BYTES))
+        raw = read_regular(index, MAX_INDEX_BYTES)
     except OSError as error:
         raise CheckpointError(f"cannot read {index}: {error.strerror or error}") from None
+    return parse_index(raw, index)
+
+
+def parse_index(raw: bytes, index: Path) -> dict[str, str]:
+    """The weight map (tensor name -> shard) of the shard index ``index`` holding ``raw``."""
+    try:
+        body = json.loads(raw)
     except (ValueError, RecursionError) as error:
         raise CheckpointError(f"{index} is not JSON: {error}") from None
     weight_map = body.get("weight_map") if isinstance(body, dict) else None

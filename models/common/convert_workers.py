@@ -8,7 +8,9 @@ of the checkpoint (:class:`~models.common.build_plan.PartState`: placeholders ou
 units), and converts the units it claims: the first worker to reach a unit takes it, so the work is
 shared as it comes, in build order, and the files are the ones a single worker writes, byte for byte.
 The workers share one :class:`~models.common.safetensors_file.CheckpointReader`'s mappings, each
-shard mapped when first read: a 191-shard checkpoint holds 191 descriptors on any number of workers.
+shard mapped when first read: a 191-shard checkpoint holds 191 mappings on any number of workers,
+all through the build's one :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`
+(the bytes its content id names).
 
 A worker with no unit left converts chunks of the large weights others are still writing block by
 block (:mod:`~models.common.weight_cache.chunk_board`): the build's last large weight, an LM head,
@@ -45,6 +47,7 @@ from models.common import envs
 from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
 from models.common.cpus import usable_cpus
 from models.common.safetensors_file import CheckpointReader
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.chunk_board import BuildStopped, ChunkBoard
 from models.common.weight_cache.tensor_cache import STREAM_BLOCKS_FROM, TensorCache, tensorbin_name
 from models.common.weight_cache.tensorbin import BLOCK_BYTES
@@ -103,20 +106,21 @@ class WorkersResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, max_pending_bytes: int,
-                       on_written: Callable[[str, int], None] | None = None,
+def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, proof: ProvenCheckpoint,
+                       max_pending_bytes: int, on_written: Callable[[str, int], None] | None = None,
                        plan: list[PlannedWeight] | None = None) -> WorkersResult:
     """Convert every weight of ``loader``'s build into the generation ``root`` on at most ``workers``
-    threads (fitted to the plan; streaming: nothing kept). The first error of any worker is raised
-    once all have stopped; the caller's transaction then removes what they wrote. Call it inside
-    ``conversion_threads()``. ``plan``: the build's, when the caller made it (it checked the
-    checkpoint with it)."""
-    plan = plan if plan is not None else plan_weights(loader, args)
+    threads (fitted to the plan; streaming: nothing kept), each reading the checkpoint through the
+    build's ``proof`` (the caller checks it once they are done). The first error of any worker is
+    raised once all have stopped; the caller's transaction then removes what they wrote. Call it
+    inside ``conversion_threads()``. ``plan``: the build's, when the caller made it (it checked
+    the checkpoint with it)."""
+    plan = plan if plan is not None else plan_weights(loader, args, proof)
     workers = fit_workers(workers, plan)
     claims = _Claims()
     board = ChunkBoard(workers, stop=claims.failed)
     caches: list[TensorCache] = []
-    shared = CheckpointReader(loader.checkpoint_dir, loader.key_rules)  # its shards mapped as first read
+    shared = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)  # its shards mapped as first read
 
     def work(_: int) -> list[str]:
         try:

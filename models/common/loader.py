@@ -18,7 +18,10 @@ A load goes:
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
-   nothing behind. :meth:`WeightLoader.seed` is the same build streaming: nothing kept, memory flat.
+   nothing behind. Every checkpoint byte it converts is read through one
+   :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the bytes the content
+   id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed`
+   is the same build streaming: nothing kept, memory flat.
    Before any of it, the checkpoint is checked against its ``config.json`` (every tensor's shape,
    :meth:`WeightLoader.check_checkpoint`): a config that does not describe it builds nothing.
    Where the cache cannot be written (a full disk), the load builds in memory and writes nothing:
@@ -54,6 +57,7 @@ from models.common.model_args import ModelArgs
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.layout import CacheRoot
@@ -231,6 +235,7 @@ class WeightLoader(ABC):
     model_id = property(lambda self: self.request.model_id)
     has_checkpoint_weights = property(lambda self: self.request.has_checkpoint_weights)
     content_id = property(lambda self: self.request.content_id)
+    identity = property(lambda self: self.request.identity)
     cache_dir = property(lambda self: self.request.cache_dir)
     paths = property(lambda self: self.request.paths)
 
@@ -271,8 +276,9 @@ class WeightLoader(ABC):
             logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
             return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
-        plan = self.check_checkpoint(args) if self.has_checkpoint_weights else None
-        if progress is not None and plan is not None:
+        self._require_weights(status.reason)
+        plan = self.check_checkpoint(args)
+        if progress is not None:
             progress.start(len(plan), sum(w.estimated_bytes for w in plan))
         loaded = self._load_cold(args, status.reason, start, plan, stream=True, on_written=counter)
         if progress is not None:
@@ -328,10 +334,7 @@ class WeightLoader(ABC):
         streaming, keeping no converted weight, then reads the new generation back as a warm start
         does (bit-identical: the same files). Where the cache cannot be written it builds in
         memory, keeping every weight; with a ``mesh_device`` each weight is kept on the device."""
-        if not self.has_checkpoint_weights:
-            raise CheckpointError(
-                f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
-            )
+        self._require_weights(reason)
         plan = plan if plan is not None else self.check_checkpoint(args)
         read_back = not build and self.mesh_device is None
         with BuildTransaction(self.paths) as transaction:
@@ -351,12 +354,20 @@ class WeightLoader(ABC):
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
 
+    def _require_weights(self, reason: str) -> None:
+        if not self.has_checkpoint_weights:
+            raise CheckpointError(
+                f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
+            )
+
     def check_checkpoint(self, args: ModelArgs) -> list[PlannedWeight]:
         """Refuse a checkpoint whose tensors are not the shapes its ``config.json`` implies
         (:class:`~models.common.checkpoint.CheckpointShapeError`, one line naming the first): planned
-        from the headers, before any lock is taken or anything converted (:mod:`models.common.build_plan`).
-        Returns the plan (the conversion workers share it out)."""
-        return plan_weights(self, args)
+        from the headers (read through a :class:`ProvenCheckpoint`), before any lock is taken or
+        anything converted (:mod:`models.common.build_plan`). Returns the plan (the conversion
+        workers share it out)."""
+        with ProvenCheckpoint(self.identity) as proof:
+            return plan_weights(self, args, proof)
 
     def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
                stream: bool = False, stream_if_cached: bool = False,
@@ -377,8 +388,21 @@ class WeightLoader(ABC):
         built cannot be read back: a full disk). A weight kept on the host must never be a mapping of
         a cache file: a large weight is written block by block and handed back mapped, and a
         generation that is then removed (the disk filled up further on) would leave its deleted files
-        taking the disk's space, seen by no ``ls``, ``gc`` or ``clean``, for as long as the model lives."""
-        reader = CheckpointReader(self.checkpoint_dir, self.key_rules)
+        taking the disk's space, seen by no ``ls``, ``gc`` or ``clean``, for as long as the model lives.
+
+        Every reader of the build goes through one :class:`ProvenCheckpoint`, checked again once
+        the last weight is converted, before anything is published: a checkpoint file changed since
+        the content id was computed aborts the build (:class:`CheckpointChanged`, naming it)."""
+        with ProvenCheckpoint(self.identity) as proof:
+            return self._build_proven(proof, args, reason, start, transaction, stream=stream,
+                                      stream_if_cached=stream_if_cached, on_written=on_written, plan=plan)
+
+    def _build_proven(self, proof: ProvenCheckpoint, args: ModelArgs, reason: str, start: float,
+                      transaction: BuildTransaction | None, *, stream: bool, stream_if_cached: bool,
+                      on_written: Callable[[str, int], None] | None,
+                      plan: list[PlannedWeight] | None) -> LoadedModel:
+        proof.check_config(args.config)
+        reader = CheckpointReader(self.checkpoint_dir, self.key_rules, proof)
         state = LazyStateDict(reader)
         root = None
         try:
@@ -395,12 +419,14 @@ class WeightLoader(ABC):
                 sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
             with conversion_threads():
                 if parallel:
-                    workers = convert_in_workers(self, args, root, self.workers, max_pending_bytes=STREAM_PENDING_BYTES,
-                                                 on_written=on_written, plan=plan)
+                    workers = convert_in_workers(self, args, root, self.workers, proof=proof,
+                                                 max_pending_bytes=STREAM_PENDING_BYTES, on_written=on_written,
+                                                 plan=plan)
                 else:
                     self.convert(sink, args)
             convert_seconds = time.perf_counter() - start
             cache.finish()
+        proof.check()
         files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
             (cache.files, cache.write_errors)
         cached = root is not None and not write_errors

@@ -3,7 +3,9 @@
 
 Each file is memory-mapped and each tensor is a zero-copy view of the mapping
 (:class:`SafetensorsFile`); which files make the checkpoint is :func:`models.common.checkpoint.checkpoint_files`'
-business. The transformers model object is never built just to read weights.
+business. The transformers model object is never built just to read weights. A build reads through
+a :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: every file from the
+descriptor proved to hold the bytes the build's content id names.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from models.common.checkpoint import CheckpointError, KeyRule, checkpoint_files, remap_key
 from models.common.fileio import write_all
+
+if TYPE_CHECKING:
+    from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 
 
 def safetensors_files(checkpoint_dir: Path) -> dict[str, Path]:
@@ -100,16 +105,25 @@ class SafetensorsFile:
     name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the byte
     after the header), then the data. The mapping is private copy-on-write: the pages are the
     page cache's (no copy, reclaimable under memory pressure), and an in-place op on a tensor
-    writes to a private copy, never to the checkpoint. ``map_now=False``: mapped when a tensor is
-    first asked for (a mapping holds a descriptor), and only if the file is still the one read."""
+    writes to a private copy, never to the checkpoint.
+
+    ``fd``: read the file through this open descriptor (the caller's, kept open while this is
+    used: a build's proof), not by ``path`` (then only named in messages). ``map_now=False``:
+    mapped when a tensor is first asked for (a mapping holds a descriptor of its own), through
+    ``fd``, or by ``path`` only if the file there is still the one whose header was read."""
 
     MAX_HEADER_BYTES = 100 << 20
 
-    def __init__(self, path: Path, *, map_now: bool = True) -> None:
+    def __init__(self, path: Path, fd: int | None = None, *, map_now: bool = True) -> None:
         self.path = Path(path)
+        self._fd = fd
         self._mapping_lock = threading.Lock()
         try:
-            header, length, size = self._open(map_now)
+            if fd is None:
+                with open(self.path, "rb") as stream:
+                    header, length, size = self._read(stream.fileno(), map_now)
+            else:
+                header, length, size = self._read(fd, map_now)
         except OSError as error:
             raise CheckpointError(f"cannot read {self.path}: {error.strerror or error}") from None
         if not isinstance(header, dict):
@@ -119,23 +133,23 @@ class SafetensorsFile:
         self._address: int | None = None  # where the mapping starts in memory, once asked
         self._entries = {name: self._entry(name, info, size - self._base) for name, info in header.items()}
 
-    def _open(self, map_now: bool) -> tuple[Any, int, int]:
-        with open(self.path, "rb") as stream:
-            stat = os.fstat(stream.fileno())
-            size = stat.st_size
-            raw = stream.read(8)
-            length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-            if not 0 < length <= min(self.MAX_HEADER_BYTES, size - 8):
-                raise CheckpointError(f"{self.path} is not a safetensors file (header length {length})")
-            try:
-                header = json.loads(stream.read(length))
-            except ValueError as error:
-                raise CheckpointError(f"{self.path}: unreadable safetensors header ({error})") from None
-            self._identity = _file_identity(stat)
-            self._mapped = size <= 8 + length  # nothing to map: no data
-            self._mmap: mmap.mmap | None = None
-            if map_now:
-                self._map(stream.fileno())
+    def _read(self, fd: int, map_now: bool) -> tuple[Any, int, int]:
+        """Header (and the mapping, ``map_now``), both through ``fd`` (``pread``: its offset is not touched)."""
+        stat = os.fstat(fd)
+        size = stat.st_size
+        raw = os.pread(fd, 8, 0)
+        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < length <= min(self.MAX_HEADER_BYTES, size - 8):
+            raise CheckpointError(f"{self.path} is not a safetensors file (header length {length})")
+        try:
+            header = json.loads(os.pread(fd, length, 8))
+        except ValueError as error:
+            raise CheckpointError(f"{self.path}: unreadable safetensors header ({error})") from None
+        self._identity = _file_identity(stat)
+        self._mapped = size <= 8 + length  # nothing to map: no data
+        self._mmap: mmap.mmap | None = None
+        if map_now:
+            self._map(fd)
         return header, length, size
 
     def _map(self, fd: int) -> None:
@@ -153,6 +167,9 @@ class SafetensorsFile:
         with self._mapping_lock:
             if not self._mapped:
                 try:
+                    if self._fd is not None:  # the proof's open: what the header was read through
+                        self._map(self._fd)
+                        return self._mmap
                     with open(self.path, "rb") as stream:
                         if _file_identity(os.fstat(stream.fileno())) != self._identity:
                             raise CheckpointError(f"{self.path} changed since its header was read")
@@ -236,8 +253,11 @@ class SafetensorsFile:
         length = offset + count * dtype.itemsize - start
         try:
             self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
-            with open(self.path, "rb") as stream:
-                os.posix_fadvise(stream.fileno(), start, length, os.POSIX_FADV_DONTNEED)
+            if self._fd is not None:
+                os.posix_fadvise(self._fd, start, length, os.POSIX_FADV_DONTNEED)
+            else:
+                with open(self.path, "rb") as stream:
+                    os.posix_fadvise(stream.fileno(), start, length, os.POSIX_FADV_DONTNEED)
         except (OSError, ValueError):
             pass  # only memory is at stake: the pages then stay until the mapping is closed
 
@@ -258,16 +278,32 @@ class CheckpointReader:
     descriptor: a checkpoint of hundreds of shards holds one per shard read); a tensor is a view of
     the mapping whose bytes are read when the loader touches them, so peak host memory is what is
     being converted, not the model. :meth:`sharing_maps` gives each conversion worker of a build a
-    reader of its own over the same mappings: one descriptor per shard, whatever the workers."""
+    reader of its own over the same mappings: one descriptor per shard, whatever the workers.
 
-    def __init__(self, checkpoint_dir: Path, rules: Sequence[KeyRule]) -> None:
+    ``proof``: a build's reader; every file (and the weight map) comes through it, proved to be
+    what the build's content id names (it must outlive this reader). Without one, by path (tools)."""
+
+    def __init__(self, checkpoint_dir: Path, rules: Sequence[KeyRule], proof: ProvenCheckpoint | None = None) -> None:
         self.checkpoint_dir = checkpoint_dir
-        self._location: dict[str, tuple[Path, str]] = {}
-        for name, file in safetensors_files(checkpoint_dir).items():
+        files = proof.checkpoint_files() if proof is not None else checkpoint_files(checkpoint_dir)
+
+        def opened(shard: str) -> SafetensorsFile:
+            return SafetensorsFile(checkpoint_dir / shard, proof.open(shard) if proof is not None else None,
+                                   map_now=False)
+
+        self._open: dict[str, SafetensorsFile] = {}
+        if files.weight_map is None:
+            self._open[files.shards[0]] = opened(files.shards[0])
+            weight_map = {name: files.shards[0] for name in self._open[files.shards[0]].names()}
+        else:
+            weight_map = files.weight_map
+        self._location: dict[str, tuple[str, str]] = {}
+        for name, shard in weight_map.items():
             key = remap_key(name, rules)
             if key is not None:
-                self._location[key] = (file, name)
-        self._open = {file: SafetensorsFile(file, map_now=False) for file in {f for f, _ in self._location.values()}}
+                self._location[key] = (shard, name)
+        for shard in sorted({shard for shard, _ in self._location.values()} - set(self._open)):
+            self._open[shard] = opened(shard)
         self._owns_maps = True
         self._reset_reads()
 

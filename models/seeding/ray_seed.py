@@ -11,7 +11,11 @@ the build lock from its check to its marker, one fresh generation the tasks writ
 keep the previous one meanwhile), the host sidecar written by the driver, then the commit, which
 hashes and stamps every planned file (a missing one fails it) and publishes the marker once.
 Nothing is marked unless every task of the variant succeeded, and a variant that fails leaves
-no files behind.
+no files behind. Every task, and the driver, reads the checkpoint through a
+:class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint` of the driver's identity
+(it travels in the :class:`LoaderSpec`): a task proves the files it reads hold the bytes the
+variant's content id names, and checks them again after its last read; the driver checks its own
+before the commit.
 
 Ray is the scheduler (no home-made one): a worker killed mid-task is retried by Ray
 (``max_retries``); the files a killed attempt already published are rewritten with identical
@@ -27,6 +31,7 @@ bytes, and its temp files are removed with the generation if the variant fails, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -41,7 +46,9 @@ from models.common.checkpoint import CheckpointError
 from models.common.loader import STREAM_PENDING_BYTES, SeedResult, WeightLoader, return_freed_buffers
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.host_sidecar import write_host_sidecar
+from models.common.weight_cache.identity import CheckpointIdentity
 from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.tensor_cache import tensorbin_name
 
@@ -56,11 +63,13 @@ class SeedError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """What a worker needs to rebuild a driver's loader: its class and its options."""
+    """What a worker needs to rebuild a driver's loader: its class and its options, and what the
+    checkpoint's content id named on the driver (what the worker must read)."""
 
     loader_class: str  # "module:QualName"
     model: str
     options: dict[str, Any]
+    identity: CheckpointIdentity | None = None
 
     @classmethod
     def of(cls, loader: WeightLoader) -> LoaderSpec:
@@ -68,7 +77,7 @@ class LoaderSpec:
         return cls(f"{kind.__module__}:{kind.__qualname__}", os.fspath(loader.model), {
             "mesh_shape": tuple(loader.mesh_shape), "precision": loader.precision, "num_layers": loader.num_layers,
             "components": loader.components,
-        })
+        }, loader.identity)
 
     def make(self) -> WeightLoader:
         import importlib
@@ -90,16 +99,22 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     from models.common.weight_cache.tensor_cache import TensorCache, conversion_threads
 
     loader = spec.make()
+    if spec.identity is None:
+        raise CheckpointError(f"{spec.model}: no checkpoint weights on the driver: nothing to convert")
     args = loader.make_args(loader.model_config(), loader.num_layers)
-    plan = plan_weights(loader, args)
-    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
-    state = PartState(reader)
-    with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True, max_pending_bytes=STREAM_PENDING_BYTES) as cache:
-        sink = PartSink(cache, state, plan, units_of(plan, names).__contains__)
-        with conversion_threads():
-            loader.convert(sink, args)
-        written = cache.finish()
-    reader.close()
+    with ProvenCheckpoint(spec.identity) as proof:
+        proof.check_config(args.config)
+        plan = plan_weights(loader, args, proof)
+        reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
+        state = PartState(reader)
+        with TensorCache(Path(target_dir), loader.mesh_shape, rebuild=True,
+                         max_pending_bytes=STREAM_PENDING_BYTES) as cache:
+            sink = PartSink(cache, state, plan, units_of(plan, names).__contains__)
+            with conversion_threads():
+                loader.convert(sink, args)
+            written = cache.finish()
+        reader.close()
+        proof.check()
     if cache.write_errors:
         raise OSError(f"cannot write {target_dir}: {cache.write_errors[0]}")
     if sorted(sink.done) != sorted(names):
@@ -145,6 +160,7 @@ class _Variant:
     reason: str
     plan: list[PlannedWeight]
     build: BuildTransaction
+    proof: ProvenCheckpoint
     root: Path
     start: float
     failed: str | None = None
@@ -152,9 +168,9 @@ class _Variant:
 
 
 def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitStack) -> _Variant | SeedResult:
-    """The gate's verdict; for a cold variant, open its build transaction (held in
-    ``transactions`` until it is committed), check again under its lock, plan the build and open
-    the generation the tasks write into."""
+    """The gate's verdict; for a cold variant, open its build transaction and its checkpoint proof
+    (held in ``transactions`` until it is committed), check again under its lock, plan the build
+    and open the generation the tasks write into."""
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
     if status.warm and not loader.forced:
@@ -167,8 +183,10 @@ def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitSt
     again = loader.status(args)
     if again.warm and not loader.forced:  # another builder finished while this one waited
         return SeedResult(loader.cache_dir, True, again.reason, True, 0, 0, time.perf_counter() - start)
-    plan = plan_weights(loader, args)
-    return _Variant(loader, args, status.reason, plan, build, build.open_generation(), start)
+    proof = transactions.enter_context(ProvenCheckpoint(loader.identity))
+    proof.check_config(args.config)
+    plan = plan_weights(loader, args, proof)
+    return _Variant(loader, args, status.reason, plan, build, proof, build.open_generation(), start)
 
 
 def seed_on_ray(loaders: Sequence[WeightLoader], *, workers: int = 2, address: str | None = None,
@@ -212,12 +230,17 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
     t = time.perf_counter()
     remote_part = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(convert_part)
     owner: dict[Any, _Variant] = {}
-    for variant in variants:
-        spec = LoaderSpec.of(variant.loader)
+    for variant in variants:  # the files as the driver's plan proved them: a task needs only their fstat
+        spec = dataclasses.replace(LoaderSpec.of(variant.loader), identity=variant.proof.proven_identity())
         for names in partition(variant.plan, workers * tasks_per_worker):
             owner[remote_part.remote(spec, names, os.fspath(variant.root))] = variant
     submitted = time.perf_counter()
-    host = {id(v): _write_sidecar(v) for v in variants}  # the driver's share, overlapped with the tasks
+    host = {}
+    for variant in variants:  # the driver's share, overlapped with the tasks
+        try:
+            host[id(variant)] = _write_sidecar(variant)
+        except CheckpointError as error:
+            variant.failed, host[id(variant)] = f"{type(error).__name__}: {error}", ({}, None)
     timings["sidecar"] = time.perf_counter() - submitted
     collected = {id(v): {"sizes": {}, "from_torch": 0.0} for v in variants}
     waiting = list(owner)
@@ -248,7 +271,7 @@ def _run(variants: list[_Variant], workers: int, address: str | None, progress: 
 def _write_sidecar(variant: _Variant) -> tuple[dict[str, Any], str | None]:
     """The host weights (read from the checkpoint) and their sidecar's name, written now."""
     loader = variant.loader
-    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
+    reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, variant.proof)
     host = {key: reader.get(key) for key in reader.keys() if loader.is_host_weight(key)}
     if not host:
         return host, None
@@ -272,10 +295,14 @@ def _finish(variant: _Variant, host: dict[str, Any], sidecar: str | None, got: d
         if missing:
             variant.failed = f"{len(missing)} planned files were not written (first: {missing[0]})"
         else:
-            reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules)
             try:
-                variant.build.commit(loader.draft_marker(variant.args, LazyStateDict(reader), host), files, sidecar)
+                reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, variant.proof)
+                marker = loader.draft_marker(variant.args, LazyStateDict(reader), host)
+                variant.proof.check()  # the host weights and headers the driver read, still the content id's
+                variant.build.commit(marker, files, sidecar)
                 complete = loader.status(variant.args).warm
+            except CheckpointError as error:
+                variant.failed = f"{type(error).__name__}: {error}"
             except OSError as error:
                 variant.failed = f"cannot complete the cache ({error})"
         timings["commit"] = time.perf_counter() - t

@@ -15,6 +15,10 @@ Every file is hashed once, on first sight, and recognised afterwards by its stam
 same export finds what the seeder verified. Hub blobs are hashed too, not trusted by their name:
 a blob whose bytes differ from its SHA-256 name (a torn download, an edit through the snapshot
 symlink) is identified by what it holds, so it can never pass for the genuine weights.
+
+A build reads the checkpoint after its content id was computed: :class:`CheckpointIdentity` keeps
+what each weight file was seen as (stamp, SHA-256, whether the stamp alone vouches for the bytes),
+so the build can prove it reads those bytes (:mod:`~models.common.weight_cache.checkpoint_proof`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from loguru import logger
 
@@ -44,13 +50,41 @@ def hub_blob_name(path: Path) -> str | None:
     return target if _SHA256_NAME.fullmatch(target) else None
 
 
+class IdentifiedFile(NamedTuple):
+    """One weight file as its content id saw it. ``settled``: the stamp alone vouches for
+    ``digest`` (it was verified a racy tick after the file's last change, see
+    :meth:`FileStamp.settled`); else only hashing the file again proves its bytes."""
+
+    stamp: FileStamp
+    digest: str
+    settled: bool
+
+
+@dataclass(frozen=True)
+class CheckpointIdentity:
+    """A checkpoint's content id and what each of its weight files (index and shards, by relative
+    path) was seen as when it was computed: what a build must read (picklable: a Ray task gets it)."""
+
+    directory: Path
+    content_id: str
+    files: dict[str, IdentifiedFile]
+    config_sha256: str  # config.json as the content id counts it (:func:`config_sha256`)
+
+
 def file_sha256(path: Path, relative: str, stamps: StampIndex) -> str:
     """A checkpoint file's SHA-256: from ``stamps`` while its stamp is unchanged, else hashed."""
+    return identify_file(path, relative, stamps).digest
+
+
+def identify_file(path: Path, relative: str, stamps: StampIndex) -> IdentifiedFile:
+    """A checkpoint file's stamp and SHA-256: from ``stamps`` while its stamp is unchanged (only
+    settled stamps are recorded), else hashed."""
     try:
         info = os.stat(path)
-        known = stamps.lookup(relative, FileStamp.of(info))
+        stamp = FileStamp.of(info)
+        known = stamps.lookup(relative, stamp)
         if known is not None:
-            return known
+            return IdentifiedFile(stamp, known, True)
         stamp, digest, verified_ns = hash_stamped(path, "sha256")
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint file {path}: {error.strerror or error}") from None
@@ -58,25 +92,36 @@ def file_sha256(path: Path, relative: str, stamps: StampIndex) -> str:
     if claimed is not None and claimed != digest:
         logger.warning(f"{path}: the hub blob named {claimed[:12]}... holds other bytes (SHA-256 {digest[:12]}...): "
                        f"a torn download or an edit through the snapshot; its cache is that content's, not the blob's")
-    stamps.record(relative, stamp, digest, verified_ns, timestamp_tick_ns(path, info))
-    return digest
+    tick = timestamp_tick_ns(path, info)
+    stamps.record(relative, stamp, digest, verified_ns, tick)
+    return IdentifiedFile(stamp, digest, stamp.settled(verified_ns, tick))
 
 
 def config_sha256(checkpoint_dir: Path) -> str:
     """SHA-256 of ``config.json`` as canonical JSON without the bookkeeping fields (a few hundred
     bytes: read each time, no stamp)."""
-    config = {key: value for key, value in read_config(checkpoint_dir).items() if key not in BOOKKEEPING_CONFIG_FIELDS}
-    return sha256_bytes(json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+    return canonical_config_sha256(read_config(checkpoint_dir))
+
+
+def canonical_config_sha256(config: dict[str, Any]) -> str:
+    """SHA-256 of a config as the content id counts it (see :func:`config_sha256`)."""
+    kept = {key: value for key, value in config.items() if key not in BOOKKEEPING_CONFIG_FIELDS}
+    return sha256_bytes(json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def content_id(checkpoint_dir: Path, stamps: StampIndex) -> str:
     """SHA-256 over the checkpoint's weight-deciding files' SHA-256s (see the module doc)."""
+    return checkpoint_identity(checkpoint_dir, stamps).content_id
+
+
+def checkpoint_identity(checkpoint_dir: Path, stamps: StampIndex) -> CheckpointIdentity:
+    """The content id, with what each weight file was seen as (see :class:`CheckpointIdentity`)."""
     names = checkpoint_files(checkpoint_dir).identity_files
-    weights = [name for name in names if name != CONFIG_FILE]
-    digests = {CONFIG_FILE: config_sha256(checkpoint_dir)} | {
-        name: file_sha256(checkpoint_dir / name, name, stamps) for name in weights}
+    weights = {name: identify_file(checkpoint_dir / name, name, stamps) for name in names if name != CONFIG_FILE}
     stamps.save(keep=weights)
-    return content_id_of(names, digests)
+    config = config_sha256(checkpoint_dir)
+    digests = {CONFIG_FILE: config} | {name: seen.digest for name, seen in weights.items()}
+    return CheckpointIdentity(checkpoint_dir, content_id_of(names, digests), weights, config)
 
 
 def content_id_of(names: list[str], digests: dict[str, str]) -> str:

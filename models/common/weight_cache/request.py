@@ -33,7 +33,7 @@ from models.common.checkpoint import (
     resolve_checkpoint_dir,
 )
 from models.common.weight_cache.gate import CacheStatus, weight_cache_status
-from models.common.weight_cache.identity import BOOKKEEPING_CONFIG_FIELDS, content_id
+from models.common.weight_cache.identity import BOOKKEEPING_CONFIG_FIELDS, CheckpointIdentity, checkpoint_identity
 from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir
 from models.common.weight_cache.marker import WeightCacheError, read_marker
 from models.common.weight_cache.stamps import StampIndex
@@ -75,15 +75,21 @@ class CacheRequest:
         return has_weights(self.checkpoint_dir)
 
     @cached_property
-    def content_id(self) -> str | None:
-        """The checkpoint's content digest (None without weights on this machine)."""
+    def identity(self) -> CheckpointIdentity | None:
+        """The checkpoint's content id and what its files were seen as: what a build of this
+        cache must read (None without weights on this machine)."""
         if not self.has_checkpoint_weights:
             return None
         root = CacheRoot(self.cache_root)
         name, location = self.model_name, self.checkpoint_dir
         stamps = StampIndex(root.checkpoint_stamps(name, location), root.user_checkpoint_stamps(name, location),
                             root.shared_checkpoint_stamps(name, location), location=location)
-        return content_id(self.checkpoint_dir, stamps)
+        return checkpoint_identity(self.checkpoint_dir, stamps)
+
+    @property
+    def content_id(self) -> str | None:
+        """The checkpoint's content digest (None without weights on this machine)."""
+        return self.identity.content_id if self.identity is not None else None
 
     @property
     def variant_subdir(self) -> Path:
