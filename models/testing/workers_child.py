@@ -51,7 +51,12 @@ def _loader(checkpoint: str, cache_root: str, workers: int, precision: str = "bf
 
 
 def descriptors(checkpoint: str, cache_root: str, workers: int, limits: list[str]) -> None:
+    import torch
+    import ttnn
+
     loader = _loader(checkpoint, cache_root, workers)
+    # ttnn opens descriptors of its own on its first conversion (its MPI context): before the limits
+    ttnn.from_torch(torch.zeros(32, 32, dtype=torch.bfloat16), dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     base = open_descriptors()
     for limit in limits:

@@ -44,14 +44,15 @@ def many_shards(tmp_path_factory) -> Path:
 
 def test_a_worker_that_cannot_open_a_shard_ends_the_build_and_one_descriptor_per_shard_serves_all(many_shards,
                                                                                                   tmp_path):
-    """Three workers, in one process: under a descriptor limit of half the shards a worker's reader
-    fails to map a shard: the build ends at once with that error, the lock free and only the lock
-    left; then, under a limit of twice the shards (where each worker mapping every shard failed all
+    """Three workers, in one process: under a descriptor limit of the shards and a third more (the
+    build's proof holds one descriptor per shard, each mapping one more) a worker's reader fails to
+    map a shard: the build ends at once with that error, the lock free and only the lock left; then,
+    under a limit of twice the shards and a margin (where each worker mapping every shard failed all
     but one and that one waited in the chunk board for ever), the build completes."""
     shards = len(list(many_shards.glob("*.safetensors")))
     try:
         out = subprocess.run(_child("descriptors", str(many_shards), str(tmp_path / "cache"), "3",
-                                    str(shards // 2), str(2 * shards + 20)),
+                                    str(shards + shards // 3), str(2 * shards + 40)),
                              cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"a build on 3 workers did not end within {HANG_TIMEOUT} s: a failed worker left the others waiting")
