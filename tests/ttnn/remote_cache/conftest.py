@@ -49,6 +49,13 @@ class BuiltVariant:
     cache_dir: Path
     tensors: dict  # every ttnn weight's per-device torch shards, as the cold build handed them back
 
+    @property
+    def marker(self):
+        from models.common.weight_cache.marker import iter_markers
+
+        ((_, marker, _),) = iter_markers(self.cache_dir)
+        return marker
+
 
 @pytest.fixture(scope="session")
 def built_variant(tmp_path_factory) -> BuiltVariant:
