@@ -11,4 +11,5 @@ Modules, from the bottom up (none imports torch or ttnn):
 ``transfer``      moving one object: verified uploads and the download strategies
 ``push``          send a variant's missing objects, then its manifest
 ``pull``          fetch a variant into a new local generation through the one build transaction
+``cold_start``    a loader's cold start pulls its exact variant first (``$TT_CACHE_REMOTE``)
 """

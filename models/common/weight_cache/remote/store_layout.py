@@ -48,7 +48,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from models.common.fileio import CONTENT_DIGEST_ALGORITHM, is_temp_path
-from models.common.weight_cache.layout import GENERATION_RECORD, READERS_LEASE, is_generation_name
+from models.common.weight_cache.layout import (
+    GENERATION_RECORD,
+    READERS_LEASE,
+    canonical_variant,
+    is_generation_name,
+    normalize_components,
+    normalize_mesh_shape,
+)
 from models.common.weight_cache.marker import (
     WEIGHT_CACHE_FORMAT_VERSION,
     FileRecord,
@@ -125,21 +132,30 @@ def _checked_key(variant_key: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def variant_identity(marker: WeightCacheMarker) -> dict[str, Any]:
-    """What a variant is, as the gate matches it: the store keys manifests by its digest."""
+def variant_identity(*, content_id: str | None, model_name: str, n_layers: int, mesh_shape: Any,
+                     components: Any, build_variant: Any) -> dict[str, Any]:
+    """What a variant is, as the gate matches it (normalized as a marker records it): the store
+    keys manifests by its digest, so a loader can ask for its exact variant before it has a marker."""
     identity: dict[str, Any] = {
-        "format_version": WEIGHT_CACHE_FORMAT_VERSION, "content_id": marker.content_id,
-        "n_layers": marker.n_layers, "mesh_shape": marker.mesh_shape, "components": sorted(marker.components),
-        "build_variant": marker.build_variant,
+        "format_version": WEIGHT_CACHE_FORMAT_VERSION, "content_id": content_id, "n_layers": n_layers,
+        "mesh_shape": normalize_mesh_shape(mesh_shape), "components": normalize_components(components),
+        "build_variant": canonical_variant(build_variant),
     }
-    if marker.content_id is None:  # the seed API's caches: no checkpoint digest, the name stands for it
-        identity["model_name"] = marker.model_name
+    if content_id is None:  # the seed API's caches: no checkpoint digest, the name stands for it
+        identity["model_name"] = model_name
     return identity
 
 
-def variant_key(marker: WeightCacheMarker) -> str:
-    canonical = json.dumps(variant_identity(marker), sort_keys=True, separators=(",", ":"), default=str)
+def identity_key(**identity: Any) -> str:
+    """The variant key of :func:`variant_identity`'s fields."""
+    canonical = json.dumps(variant_identity(**identity), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def variant_key(marker: WeightCacheMarker) -> str:
+    """The variant key of the build a marker records."""
+    return identity_key(content_id=marker.content_id, model_name=marker.model_name, n_layers=marker.n_layers,
+                        mesh_shape=marker.mesh_shape, components=marker.components, build_variant=marker.build_variant)
 
 
 # --------------------------------------------------------------------------------------------
