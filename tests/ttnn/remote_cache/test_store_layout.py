@@ -25,7 +25,7 @@ from models.common.weight_cache.remote.store_layout import (
 )
 
 DIGEST_A, DIGEST_B = "a" * 64, "0b" + "c" * 62
-LOCATION = "tiny-llama--50f4507b056553c0/bfloat16/mesh_1x2"
+LOCATION = "tiny-llama--5555555555555555/bfloat16/mesh_1x2"
 
 
 def _marker(generation: str | None = "g18eea319fb9b939f-c59b93"):
@@ -88,6 +88,7 @@ MALFORMED = {
     "location empty": lambda b: {**b, "location": ""},
     "location backslash": lambda b: {**b, "location": "a\\b"},
     "location in a generation": lambda b: {**b, "location": "m--1/bfloat16/g18eea319fb9b939f-c59b93"},
+    "location of other weights": lambda b: {**b, "location": "tiny-llama--50f4507b056553c0/bfloat16/mesh_1x2"},
     "file path absolute": _with_file(0, path="/etc/passwd"),
     "file path ..": _with_file(0, path="../../../.bashrc"),
     "file path .. inside": _with_file(0, path="layers.0/../../x.tensorbin"),

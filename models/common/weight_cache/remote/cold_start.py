@@ -36,8 +36,9 @@ def pull_on_cold_start(cache_dir: Path, *, model_name: str, content_id: str | No
     except ObjectMissing:
         logger.info(f"{model_name}: the shared store {url} has no variant {key[:16]}; building cold")
         return False
-    except (RemoteStoreError, OSError) as error:
-        logger.warning(f"{model_name}: pulling variant {key[:16]} from {url} failed ({error}); building cold")
+    except Exception as error:  # noqa: BLE001 - a cold start is never worse for the store being there
+        why = str(error) if isinstance(error, RemoteStoreError) else f"{type(error).__name__}: {error}"
+        logger.warning(f"{model_name}: pulling variant {key[:16]} from {url} failed ({why}); building cold")
         return False
     logger.info(f"{model_name}: {result.summary()}")
     return result.warm

@@ -189,7 +189,7 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
             digest, size = item
             _, fetched = fetch_object(store, digest, size, paths.pulled_objects)
             if progress is not None:
-                progress.weight_done(digest, size)
+                progress.weight_done(digest[:16], size)
             return fetched
 
         try:

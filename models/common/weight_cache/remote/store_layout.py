@@ -31,8 +31,9 @@ pulled variant is warm only if the local gate accepts its marker.
 
 **A manifest is untrusted input** (:func:`parse_manifest`): size-capped, strict schema, its marker
 through :func:`~models.common.weight_cache.marker.parse_marker`, every path relative, inside the
-generation, unique and not a name the cache reserves, every digest well formed, and the key it is
-stored under the one its marker derives.
+generation, unique and not a name the cache reserves, every digest well formed, its location in the
+model dir of its marker's content id (where a loader looks), and the key it is stored under the
+one its marker derives.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import Any
 
 from models.common.fileio import CONTENT_DIGEST_ALGORITHM, is_temp_path
 from models.common.weight_cache.layout import (
+    CONTENT_PREFIX_HEX,
     GENERATION_RECORD,
     READERS_LEASE,
     canonical_variant,
@@ -236,6 +238,8 @@ def parse_manifest(raw: bytes, expected_key: str | None = None) -> Manifest:
         raise ManifestError(f"marker: {error}") from None
     _expect(marker.generation is None, "marker names a generation (a manifest's paths are relative to its build)")
     _check_files(marker)
+    _expect(marker.content_id is None or location.split("/")[0].endswith(f"--{marker.content_id[:CONTENT_PREFIX_HEX]}"),
+            "location is not in the model dir of the marker's checkpoint content")
     derived = variant_key(marker)
     _expect(derived == key, "variant_key is not the one its marker derives")
     _expect(expected_key is None or key == expected_key, "manifest is stored under another variant's key")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import os
 import urllib.error
 import urllib.parse
@@ -230,12 +231,18 @@ class HttpStore:
             raise ObjectMissing(f"{self.url}: {key} is missing")
         with response:
             skip = start if start and response.status != 206 else 0  # a server that ignores Range: skip ahead
-            while chunk := response.read(READ_CHUNK):
+            while chunk := self._chunk(response, key):
                 if skip:
                     dropped = min(skip, len(chunk))
                     chunk, skip = chunk[dropped:], skip - dropped
                 if chunk:
                     yield chunk
+
+    def _chunk(self, response, key: str) -> bytes:
+        try:
+            return response.read(READ_CHUNK)
+        except (http.client.HTTPException, OSError) as error:  # the connection dropped mid-object
+            raise StoreUnavailable(f"{self.url}/{key}: the download broke off ({type(error).__name__})") from None
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
         response = self._open(key)

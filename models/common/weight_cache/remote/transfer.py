@@ -142,7 +142,7 @@ def run_all(function: Callable[[T], Any], items: Iterable[T], threads: int) -> l
         return []
     with ThreadPoolExecutor(max(1, min(threads, len(items))), thread_name_prefix="transfer") as pool:
         futures = [pool.submit(function, item) for item in items]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((f for f in futures if f.done() and f.exception() is not None), None)
         if failed is not None:
             for future in futures:
