@@ -83,6 +83,7 @@ def test_a_multipart_upload_is_stored_whole_and_checksummed(s3_url, tmp_path):
     assert store.upload(object_key(digest), verified_parts(source, digest, 11 * MiB + 3), 11 * MiB + 3)
     head = store.client.head_object(Bucket=bucket, Key=store._key(object_key(digest)), ChecksumMode="ENABLED")
     assert head["ContentLength"] == 11 * MiB + 3 and head["ETag"].strip('"').endswith("-3")  # three parts
+    assert head.get("ChecksumCRC32"), head  # each part was sent with a checksum the server checked
     assert blake3.blake3(b"".join(store.read(object_key(digest)))).hexdigest() == digest
     again = store.upload(object_key(digest), verified_parts(source, digest, 11 * MiB + 3), 11 * MiB + 3)
     assert again is False  # If-None-Match on the completion: the first one stands
