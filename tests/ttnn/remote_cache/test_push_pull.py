@@ -121,6 +121,30 @@ def test_a_damaged_object_in_the_store_is_refused_and_not_kept(damage, built_var
     _no_pulled_debris(cache_dir)
 
 
+def test_clean_removes_what_a_failed_pull_staged_and_nothing_else(built_variant, s3_url, tmp_path):
+    from models.tt_cache.clean import clean_cache_tree
+
+    store = open_store(s3_url)
+    (pushed,) = push_cache_dir(built_variant.cache_dir, store)
+    key, manifest = trusted_manifest(store, pushed.variant_key)
+    victim = min(manifest.files, key=lambda record: record.bytes)  # among the last fetched: largest first, one at a time
+    data = bytearray(b"".join(store.read(object_key(victim.digest))))
+    data[0] ^= 0xFF
+    store.write_small(object_key(victim.digest), bytes(data), exclusive=False)
+    with pytest.raises(StoreIntegrityError):
+        pull_variant(store, manifest, tmp_path / "root", threads=1)
+    staging = tmp_path / "root" / manifest.location / ".pulled-objects"
+    staged = sorted(p.name for p in staging.iterdir())
+    assert staged and victim.digest not in staged and set(staged) <= set(manifest.digests())
+    (staging / "notes.txt").write_text("a user's file")
+    dry = clean_cache_tree(tmp_path / "root", dry_run=True)
+    assert sorted(r.path.name for r in dry.removals if r.kind == "pulled object") == staged
+    assert sorted(p.name for p in staging.iterdir()) == sorted([*staged, "notes.txt"])
+    report = clean_cache_tree(tmp_path / "root")
+    assert sorted(r.path.name for r in report.removals if r.kind == "pulled object") == staged
+    assert [p.name for p in staging.iterdir()] == ["notes.txt"]
+
+
 def test_a_manifest_naming_a_missing_object_is_not_trusted_and_the_newest_complete_one_wins(built_variant, s3_url):
     store = open_store(s3_url)
     (pushed,) = push_cache_dir(built_variant.cache_dir, store)

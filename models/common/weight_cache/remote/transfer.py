@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -27,6 +28,7 @@ from models.common.weight_cache.remote.store_layout import object_key
 from models.common.weight_cache.remote.stores import Store, StoreIntegrityError
 
 PART_SUFFIX = ".part"
+_STAGED_NAME = re.compile(r"[0-9a-f]{64}(?:\.part)?")
 T = TypeVar("T")
 
 
@@ -65,6 +67,11 @@ def verified_parts(path: Path, digest: str, size: int) -> Iterator[bytes]:
 def staged_path(staging: Path, digest: str) -> Path:
     """Where a verified object waits in a cache dir for its pull's generation."""
     return staging / digest
+
+
+def is_staged_name(name: str) -> bool:
+    """A name a pull gives a file in its staging dir (a verified object or a partial one)."""
+    return _STAGED_NAME.fullmatch(name) is not None
 
 
 def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[Path, int]:
