@@ -93,6 +93,9 @@ def test_a_store_that_cannot_be_used_is_one_line_without_the_secret(seaweed, s3_
     (dead_port,) = free_ports(1)
     cases = {
         "unknown bucket": lambda: open_store("s3://no-such-bucket/p").list_sizes(""),
+        "invalid bucket name": lambda: open_store("s3://b1/p").list_sizes(""),
+        "bucket name with a slash": lambda: open_store("s3://a_b/p").list_sizes(""),
+        "endpoint not a URL": lambda: open_store(f"s3://{seaweed.bucket}/p", endpoint_url="not a url"),
         "unreachable endpoint": lambda: open_store(f"s3://{seaweed.bucket}/p",
                                                    endpoint_url=f"http://127.0.0.1:{dead_port}").list_sizes(""),
         "unreachable mirror": lambda: HttpStore(f"http://127.0.0.1:{dead_port}/m").size("x"),

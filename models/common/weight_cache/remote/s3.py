@@ -38,6 +38,7 @@ CHECKSUM_ALGORITHM = "CRC32"  # the server checks each PUT and part against it (
 _CREDENTIAL_CODES = frozenset(("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
                                "InvalidToken", "AuthorizationHeaderMalformed", "403"))
 _MISSING_CODES = frozenset(("NoSuchKey", "404", "NotFound"))
+_BAD_NAME_CODES = frozenset(("InvalidBucketName", "NoSuchBucket"))
 
 
 class S3Store:
@@ -60,9 +61,12 @@ class S3Store:
         config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60,
                         max_pool_connections=TRANSFER_THREADS * PART_THREADS,
                         response_checksum_validation="when_required")  # a download is checked against its BLAKE3
-        with self._errors():
-            self.client = session.client("s3", endpoint_url=endpoint_url or None, config=config,
-                                         region_name=session.region_name or "us-east-1")
+        try:
+            with self._errors():
+                self.client = session.client("s3", endpoint_url=endpoint_url or None, config=config,
+                                             region_name=session.region_name or "us-east-1")
+        except ValueError as error:  # botocore's word for an endpoint that is not a URL
+            raise StoreUnavailable(f"{self.url}: {error}") from None
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -70,7 +74,13 @@ class S3Store:
     @contextlib.contextmanager
     def _errors(self, key: str | None = None) -> Iterator[None]:
         """botocore's errors as one line each: bad input (:class:`StoreUnavailable`), or a missing key."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            NoCredentialsError,
+            ParamValidationError,
+            PartialCredentialsError,
+        )
 
         where = self.url + (key or "")
         try:
@@ -78,8 +88,8 @@ class S3Store:
         except ClientError as error:
             code = str(error.response.get("Error", {}).get("Code", ""))
             message = str(error.response.get("Error", {}).get("Message", "")) or code
-            if code == "NoSuchBucket":
-                raise StoreUnavailable(f"{self.url}: no such bucket {self.bucket!r}") from None
+            if code in _BAD_NAME_CODES:
+                raise StoreUnavailable(f"{self.url}: no such bucket {self.bucket!r} ({code})") from None
             if code in _CREDENTIAL_CODES:
                 raise StoreUnavailable(f"{self.url}: the store refused the credentials ({code}: {message})") from None
             if code in _MISSING_CODES:
@@ -88,6 +98,8 @@ class S3Store:
         except (NoCredentialsError, PartialCredentialsError):
             raise StoreUnavailable(f"{self.url}: no AWS credentials (the standard chain: AWS_ACCESS_KEY_ID and "
                                    "AWS_SECRET_ACCESS_KEY, ~/.aws, an instance role)") from None
+        except ParamValidationError as error:
+            raise StoreUnavailable(f"{self.url}: {error}") from None
         except BotoCoreError as error:  # no answer: connection refused, DNS, timeouts
             raise StoreUnavailable(f"{self.url}: cannot reach the store ({type(error).__name__}: {error})") from None
 
