@@ -244,3 +244,21 @@ def test_a_build_given_other_bytes_than_expected_publishes_nothing(built_variant
         (root / "w.tensorbin").write_bytes(b"other bytes")
         build.commit(dataclasses.replace(marker, files=()), ["w.tensorbin"], expected={"w.tensorbin": "0" * 64})
     _no_pulled_debris(paths.cache_dir)
+
+
+def test_pull_by_manifest_from_the_store_or_a_file(built_variant, s3_url, tmp_path, capsys, cli_in_process):
+    from models.tt_cache.cli import main
+
+    store = open_store(s3_url)
+    (pushed,) = push_cache_dir(built_variant.cache_dir, store)
+    local = tmp_path / "manifest.json"
+    local.write_bytes(store.read_small(pushed.manifest, 1 << 20))
+    for number, name in enumerate([pushed.manifest, str(local)]):
+        code = main(["pull", "--from", s3_url, "--manifest", name, "--cache-root", str(tmp_path / f"root{number}"),
+                     "--json"])
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0 and document["warm"] and document["objects_fetched"] == pushed.objects, name
+    local.write_text('{"manifest_version": 1}')
+    code = main(["pull", "--from", s3_url, "--manifest", str(local), "--cache-root", str(tmp_path / "root2")])
+    assert code == 2 and "not a manifest: " in capsys.readouterr().err
+    assert main(["pull", "--from", s3_url, pushed.variant_key, "--manifest", str(local)]) == 2
