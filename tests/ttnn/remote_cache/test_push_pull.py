@@ -30,6 +30,7 @@ from models.common.weight_cache.remote.store_layout import (
 from models.common.weight_cache.remote.stores import HttpStore, StoreIntegrityError
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import SECRET_KEY, free_ports, serve_directory
+from models.testing.resynthesis_world import requires_root, tmpfs
 from models.testing.tiny_models import tensors_of
 from models.testing.tt_cache import cli_env, error_line, json_out, tt_cache
 
@@ -143,6 +144,20 @@ def test_clean_removes_what_a_failed_pull_staged_and_nothing_else(built_variant,
     report = clean_cache_tree(tmp_path / "root")
     assert sorted(r.path.name for r in report.removals if r.kind == "pulled object") == staged
     assert [p.name for p in staging.iterdir()] == ["notes.txt"]
+
+
+@requires_root
+def test_a_pull_onto_a_full_disk_is_one_line_and_publishes_nothing(built_variant, s3_url, tmp_path, capsys,
+                                                                   cli_in_process):
+    from models.tt_cache.cli import main
+
+    (pushed,) = push_cache_dir(built_variant.cache_dir, open_store(s3_url))
+    with tmpfs(tmp_path / "small", "256k") as root:  # the variant is about 1 MB
+        code = main(["pull", "--from", s3_url, pushed.variant_key, "--cache-root", str(root)])
+        err = capsys.readouterr().err
+        assert code == 2 and "the pull cannot write there (No space left on device)" in err and "Traceback" not in err
+        (cache_dir,) = [path.parent for path in root.rglob(".build.lock")]
+        _no_pulled_debris(cache_dir)
 
 
 def test_a_manifest_naming_a_missing_object_is_not_trusted_and_the_newest_complete_one_wins(built_variant, s3_url):

@@ -173,15 +173,25 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
                           time.perf_counter() - start)
 
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise CacheNotWritable(f"{cache_dir}: cannot make the cache dir ({error.strerror})") from None
+        fetched = _pull_into(store, manifest, paths, progress, threads)
+    except OSError as error:  # the local disk: full, read-only, failing
+        raise CacheNotWritable(f"{cache_dir}: the pull cannot write there ({error.strerror or error}); "
+                               "nothing was published") from None
+    return result(local_status(cache_dir, marker), fetched is None, fetched or [])
+
+
+def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: TransferProgress | None,
+               threads: int) -> list[int] | None:
+    """The pull under the build lock; the bytes fetched per object (None: the variant is warm already)."""
+    marker = manifest.marker
+    objects = manifest.digests()
+    cache_dir = paths.cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
     with BuildTransaction(paths) as build:
         if not build.locked:
             raise CacheNotWritable(f"{cache_dir}: cannot take the build lock ({build.lock.why})")
-        status = local_status(cache_dir, marker)
-        if status.warm:
-            return result(status, True, [])
+        if local_status(cache_dir, marker).warm:
+            return None
         if progress is not None:
             progress.start(len(objects), manifest.total_bytes)
 
@@ -212,7 +222,7 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
                          expected={record.path: record.digest for record in marker.all_files()})
         except WeightCacheError as error:
             raise StoreIntegrityError(f"{cache_dir}: {error}") from None
-    return result(local_status(cache_dir, marker), False, fetched)
+    return fetched
 
 
 def _place(staged: Path, destination: Path) -> Path:

@@ -134,6 +134,8 @@ class DirectoryStore:
             stream = open(self._path(key), "rb")  # noqa: SIM115 - closed by the generator
         except FileNotFoundError:
             raise ObjectMissing(f"{self.url}: {key} is missing") from None
+        except OSError as error:
+            raise StoreUnavailable(f"{self.url}: cannot read {key} ({error.strerror})") from None
         with stream:
             stream.seek(start)
             while chunk := stream.read(READ_CHUNK):
