@@ -277,3 +277,21 @@ def test_pull_by_manifest_from_the_store_or_a_file(built_variant, s3_url, tmp_pa
     code = main(["pull", "--from", s3_url, "--manifest", str(local), "--cache-root", str(tmp_path / "root2")])
     assert code == 2 and "not a manifest: " in capsys.readouterr().err
     assert main(["pull", "--from", s3_url, pushed.variant_key, "--manifest", str(local)]) == 2
+
+
+def test_a_variant_that_is_not_warm_is_never_pushed(built_variant, s3_url, tmp_path, capsys, cli_in_process):
+    import shutil
+
+    from models.tt_cache.cli import main
+
+    copy = tmp_path / "copy" / built_variant.cache_dir.relative_to(built_variant.cache_root)
+    shutil.copytree(built_variant.cache_dir, copy, symlinks=True)
+    victim = copy / max(built_variant.marker.files, key=lambda record: record.bytes).path
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only its digest tells
+    victim.write_bytes(bytes(data))
+    assert main(["push", str(copy), "--to", s3_url]) == 1
+    assert "cold (tensorbin" in capsys.readouterr().err
+    assert main(["push", str(tmp_path), "--to", s3_url]) == 1  # no marker at all
+    assert "no completion marker" in capsys.readouterr().err
+    assert open_store(s3_url).list_sizes("") == {}  # nothing was sent
