@@ -15,9 +15,10 @@ A store (an S3 prefix, a directory, or that directory served over HTTP)::
                                                      that cannot list (``http://``)
 
 **Content addressing.** An object's key is its digest, so a file is sent once whatever variants
-hold it, and a second push of an unchanged variant sends nothing. Nobody ever rewrites an object:
+hold it, and a second push of an unchanged variant sends nothing. Nobody rewrites a stored object:
 a key is written with ``If-None-Match: *`` where the store supports it, and two writers of one key
-write the same bytes anyway.
+write the same bytes anyway; only an object stored with the wrong size (a damaged store) is written
+over by the next push of a variant that holds it.
 
 **Publish last.** A pusher writes a manifest only after every object it names is stored and its
 size checked; a reader trusts a manifest only when every object it names exists with its size, and
