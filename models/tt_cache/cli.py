@@ -14,7 +14,8 @@
     tt-cache clean --model-data         remove the prepared model data no weight cache and no --keep-plan needs
     tt-cache push DIR --to URL          send a variant dir's warm variants to a shared store (s3://BUCKET/PREFIX or
                                         a directory an HTTP server serves): only the objects it lacks, manifest last
-    tt-cache pull --from URL KEY        fetch a variant from a shared store into a new local generation (resumable)
+    tt-cache pull --from URL KEY|DIR    fetch a variant (or every variant pushed from a model or variant DIR) from a
+                                        shared store into a new local generation (resumable)
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (--older-than 30d, --max-size 20G)
     tt-cache env                        every environment variable the project reads, and its value
 

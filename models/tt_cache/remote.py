@@ -4,6 +4,7 @@
 
     tt-cache push DIR --to s3://BUCKET/PREFIX | STORE_DIR     send DIR's warm variants (missing objects only)
     tt-cache pull --from URL KEY [--cache-root ROOT]           fetch the variant key push printed
+    tt-cache pull --from URL ROOT/MODEL[/PRECISION/MESH]       fetch every variant pushed from that dir
     tt-cache pull --from URL --manifest KEY_OR_FILE            fetch the variant a manifest names
 
 Progress goes to stderr as the seeding progress shows it (a bar on a terminal, else one line every
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -88,26 +90,47 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     if bool(args.variant) == bool(args.manifest):
-        raise CliError("give either a variant KEY (what push printed) or --manifest")
-    if args.variant and not _VARIANT_KEY.fullmatch(args.variant):
-        raise CliError(f"{args.variant!r} is not a variant key (64 hex digits, what push printed)")
-    from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest
+        raise CliError("give either a variant KEY (what push printed), a model or variant DIR, or --manifest")
+    from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest, variant_keys_at
     from models.common.weight_cache.remote.stores import TRANSFER_THREADS
     from models.common.weight_cache.remote.urls import open_store
 
     cache_root = Path(args.cache_root) if args.cache_root else envs.TT_CACHE_PATH
+    results = []
     with _store_errors():
         store = open_store(getattr(args, "from"), endpoint_url=args.endpoint_url)
-        if args.variant:
-            manifest_key, manifest = trusted_manifest(store, args.variant)
+        if args.manifest:
+            manifests = [_named_manifest(store, args.manifest)]
+        elif _VARIANT_KEY.fullmatch(args.variant):
+            manifests = [trusted_manifest(store, args.variant)]
         else:
-            manifest_key, manifest = _named_manifest(store, args.manifest)
-        with _progress(f"pull {manifest.location}", args.progress_every) as progress:
-            result = pull_variant(store, manifest, cache_root, manifest_key=manifest_key,
-                                  into=Path(args.into) if args.into else None, progress=progress,
-                                  threads=args.threads or TRANSFER_THREADS)
-    emit(args, {"store": store.url, **result.as_json()}, [result.summary()])
-    return EXIT_OK if result.warm else EXIT_FAILED
+            location = _location(Path(args.variant), cache_root)
+            keys = variant_keys_at(store, location)
+            if not keys:
+                raise TransferFailed(f"{store.url}: no variant was pushed from {location}")
+            manifests = [trusted_manifest(store, key) for key in keys]
+        for manifest_key, manifest in manifests:
+            with _progress(f"pull {manifest.location}", args.progress_every) as progress:
+                results.append(pull_variant(store, manifest, cache_root, manifest_key=manifest_key,
+                                            into=Path(args.into) if args.into else None, progress=progress,
+                                            threads=args.threads or TRANSFER_THREADS))
+    warm = all(result.warm for result in results)
+    emit(args, {"store": store.url, "warm": warm, "variants": [result.as_json() for result in results]},
+         [result.summary() for result in results])
+    return EXIT_OK if warm else EXIT_FAILED
+
+
+def _location(directory: Path, cache_root: Path) -> str:
+    """A model or variant dir as a location under the cache root (it need not exist yet)."""
+    from models.common.weight_cache.remote.store_layout import ManifestError, check_location
+
+    absolute, root = Path(os.path.abspath(directory)), Path(os.path.abspath(cache_root))
+    if not absolute.is_relative_to(root) or absolute == root:
+        raise CliError(f"{directory} is neither a variant key nor a dir under the cache root {root}")
+    try:
+        return check_location(absolute.relative_to(root).as_posix())
+    except ManifestError as error:
+        raise CliError(f"{directory}: {error}") from None
 
 
 def _named_manifest(store: Any, name: str) -> tuple[str, Any]:
@@ -147,7 +170,9 @@ def add_remote_commands(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--to", required=True, metavar="URL",
                       help="s3://BUCKET/PREFIX, or a directory (any static web server can serve it as a mirror)")
     pull = add_command(sub, "pull", cmd_pull, "fetch a variant from a shared store into a new local generation")
-    pull.add_argument("variant", nargs="?", metavar="KEY", help="the variant key push printed")
+    pull.add_argument("variant", nargs="?", metavar="KEY_OR_DIR",
+                      help="the variant key push printed, or a model or variant dir under the cache root (every "
+                      "variant pushed from there; S3 and directory stores)")
     pull.add_argument("--from", required=True, metavar="URL", help="s3://BUCKET/PREFIX, http(s)://MIRROR or a directory")
     pull.add_argument("--manifest", metavar="KEY_OR_FILE", help="pull the variant this manifest names (its key in "
                       "the store, or a local file) instead of the newest complete one")

@@ -65,7 +65,7 @@ def test_push_then_pull_into_an_empty_root_starts_warm_with_the_same_tensors(bui
     root = tmp_path / "fresh-root"
     pulled = tt_cache("pull", "--from", s3_url, variant["variant_key"], "--json", env=_cli_env(seaweed, root))
     assert pulled.returncode == 0, pulled.stderr[-2000:]
-    document = json_out(pulled)
+    (document,) = json_out(pulled)["variants"]
     assert document["warm"] and document["objects_fetched"] == variant["objects"]
     cache_dir = Path(document["cache_dir"])
     assert cache_dir == root / built_variant.cache_dir.relative_to(built_variant.cache_root)
@@ -232,7 +232,7 @@ def test_a_store_that_cannot_be_used_is_one_line_and_exit_2(built_variant, seawe
                                  {}, "cannot reach"),
         "unreachable mirror": (["pull", "--from", f"http://127.0.0.1:{dead_port}/m", key], {}, "cannot reach"),
         "push to a mirror": (["push", variant, "--to", f"http://127.0.0.1:{dead_port}/m"], {}, "read-only"),
-        "not a variant key": (["pull", "--from", s3_url, "latest"], {}, "not a variant key"),
+        "not a variant key": (["pull", "--from", s3_url, "latest"], {}, "neither a variant key nor a dir"),
         "no such variant dir": (["push", str(tmp_path / "nowhere"), "--to", s3_url], {}, "no such directory"),
     }
     for name, (argv, extra, message) in cases.items():  # main() in this process: the same code, faster
@@ -271,7 +271,7 @@ def test_pull_by_manifest_from_the_store_or_a_file(built_variant, s3_url, tmp_pa
     for number, name in enumerate([pushed.manifest, str(local)]):
         code = main(["pull", "--from", s3_url, "--manifest", name, "--cache-root", str(tmp_path / f"root{number}"),
                      "--json"])
-        document = json.loads(capsys.readouterr().out)
+        (document,) = json.loads(capsys.readouterr().out)["variants"]
         assert code == 0 and document["warm"] and document["objects_fetched"] == pushed.objects, name
     local.write_text('{"manifest_version": 1}')
     code = main(["pull", "--from", s3_url, "--manifest", str(local), "--cache-root", str(tmp_path / "root2")])
@@ -295,3 +295,22 @@ def test_a_variant_that_is_not_warm_is_never_pushed(built_variant, s3_url, tmp_p
     assert main(["push", str(tmp_path), "--to", s3_url]) == 1  # no marker at all
     assert "no completion marker" in capsys.readouterr().err
     assert open_store(s3_url).list_sizes("") == {}  # nothing was sent
+
+
+def test_pull_by_the_model_or_variant_dir_it_was_pushed_from(built_variant, s3_url, tmp_path, capsys, cli_in_process):
+    from models.tt_cache.cli import main
+
+    store = open_store(s3_url)
+    (pushed,) = push_cache_dir(built_variant.cache_dir, store)
+    location = built_variant.cache_dir.relative_to(built_variant.cache_root)
+    for number, target in enumerate([location, location.parts[0]]):  # the variant dir, then its model dir
+        root = tmp_path / f"root{number}"
+        code = main(["pull", "--from", s3_url, str(root / target), "--cache-root", str(root), "--json"])
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0 and document["warm"], target
+        assert [v["variant_key"] for v in document["variants"]] == [pushed.variant_key]
+        assert Path(document["variants"][0]["cache_dir"]) == root / location
+    for target, message in [(tmp_path / "root0" / "other--0123456789abcdef", "no variant was pushed from"),
+                            (tmp_path / "elsewhere", "neither a variant key nor a dir under the cache root")]:
+        code = main(["pull", "--from", s3_url, str(target), "--cache-root", str(tmp_path / "root0")])
+        assert code in (1, 2) and message in capsys.readouterr().err, target

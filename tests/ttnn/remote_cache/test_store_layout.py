@@ -13,7 +13,9 @@ from models.common.weight_cache.marker import FileRecord, draft_marker
 from models.common.weight_cache.remote.store_layout import (
     MAX_MANIFEST_BYTES,
     ManifestError,
+    keys_in,
     latest_key,
+    location_key,
     manifest_json,
     manifest_of,
     manifests_prefix,
@@ -171,3 +173,8 @@ def test_keys_are_content_addressed_and_malformed_names_never_become_keys():
     for bad in (b"../../objects/x", b"", b"x" * 300, b"00000000000000000001-zzzzzzzz.json"):
         with pytest.raises(ManifestError):
             parse_latest(bad)
+    assert location_key(LOCATION, key) == f"locations/{LOCATION}/{key}"
+    assert keys_in([f"locations/{LOCATION}/{key}", f"locations/{LOCATION}/notes.txt", f"locations/x/{key.upper()}"]) == [key]
+    for bad in ("../x", "/abs", ".hidden/x", "a//b"):
+        with pytest.raises(ManifestError):
+            location_key(bad, key)

@@ -38,7 +38,9 @@ from models.common.weight_cache.remote.store_layout import (
     Manifest,
     ManifestError,
     is_manifest_name,
+    keys_in,
     latest_key,
+    locations_prefix,
     manifests_prefix,
     object_key,
     objects_prefix,
@@ -51,6 +53,7 @@ from models.common.weight_cache.remote.stores import (
     RemoteStoreError,
     Store,
     StoreIntegrityError,
+    StoreUnavailable,
 )
 from models.common.weight_cache.remote.transfer import TransferProgress, fetch_object, run_all, staged_path
 
@@ -113,6 +116,13 @@ def missing_objects(store: Store, manifest: Manifest, present: dict[str, int] | 
     else:
         sizes = [present.get(object_key(digest)) for digest, _ in wanted]
     return [digest for (digest, size), stored in zip(wanted, sizes) if stored != size]
+
+
+def variant_keys_at(store: Store, location: str) -> list[str]:
+    """The variants pushed from a model or variant dir (``location`` under a cache root)."""
+    if not store.can_list:
+        raise StoreUnavailable(f"{store.url}: an HTTP mirror cannot be listed; pull by the variant key push printed")
+    return keys_in(store.list_sizes(locations_prefix(location)))
 
 
 def trusted_manifest(store: Store, variant_key: str) -> tuple[str, Manifest]:

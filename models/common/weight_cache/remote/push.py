@@ -8,7 +8,7 @@ manifest last.
     send each missing object (several at once), each proved against its digest as it is read
     check that every object the manifest names is there with its size
     write the manifest (a new name: never overwrites another push), then point ``latest`` at the
-    newest manifest
+    newest manifest, and record the variant under its location (``pull DIR`` lists them)
 
 The variant's generation is leased while its files are read, so a build that replaces it meanwhile
 never deletes them under the push. A push killed at any point leaves objects (harmless: named by
@@ -29,6 +29,7 @@ from models.common.weight_cache.marker import FileRecord, WeightCacheMarker, ite
 from models.common.weight_cache.remote.store_layout import (
     is_manifest_name,
     latest_key,
+    location_key,
     manifest_json,
     manifest_of,
     manifests_prefix,
@@ -141,6 +142,7 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
                  if is_manifest_name(key.rpartition("/")[2])]
     store.write_small(latest_key(manifest.variant_key), max(manifests, default=name).rpartition("/")[2].encode(),
                       exclusive=False)
+    store.write_small(location_key(manifest.location, manifest.variant_key), b"", exclusive=True)
     return PushResult(paths.cache_dir, manifest.variant_key, name, len(wanted), len(missing), manifest.total_bytes,
                       sum(r.bytes for r in missing), time.perf_counter() - start)
 

@@ -13,6 +13,10 @@ A store (an S3 prefix, a directory, or that directory served over HTTP)::
                                                      overwritten
             latest                                   the name of the newest manifest, for readers
                                                      that cannot list (``http://``)
+        locations/<location>/<variant key>           empty: a variant was pushed from <location>
+                                                     (``<model>--<id>/<precision>/mesh_RxC`` under a
+                                                     cache root), so ``pull DIR`` finds the variants of
+                                                     a model or variant dir by listing
 
 **Content addressing.** An object's key is its digest, so a file is sent once whatever variants
 hold it, and a second push of an unchanged variant sends nothing. Nobody rewrites a stored object:
@@ -77,6 +81,7 @@ MAX_POINTER_BYTES = 256
 MAX_PATH_DEPTH = 16
 OBJECTS = "objects"
 VARIANTS = "variants"
+LOCATIONS = "locations"
 MANIFESTS = "manifests"
 LATEST = "latest"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -113,6 +118,20 @@ def manifests_prefix(variant_key: str) -> str:
 
 def latest_key(variant_key: str) -> str:
     return f"{VARIANTS}/{_checked_key(variant_key)}/{LATEST}"
+
+
+def location_key(location: str, variant_key: str) -> str:
+    return f"{LOCATIONS}/{_check_location(location)}/{_checked_key(variant_key)}"
+
+
+def locations_prefix(location: str) -> str:
+    """Every variant pushed from ``location`` or a dir below it (a model dir holds its variants)."""
+    return f"{LOCATIONS}/{_check_location(location)}/"
+
+
+def keys_in(listing: list[str] | dict[str, int]) -> list[str]:
+    """The variant keys a listing of :func:`locations_prefix` names (anything else is left out)."""
+    return sorted({key.rpartition("/")[2] for key in listing if _HEX64.fullmatch(key.rpartition("/")[2])})
 
 
 def new_manifest_name(pushed_ns: int) -> str:
@@ -275,6 +294,11 @@ def _check_files(marker: WeightCacheMarker) -> None:
         directories.update("/".join(parts[:depth]) for depth in range(1, len(parts)))
     clash = sorted(seen & directories)
     _expect(not clash, f"file path {clash[0]!r} is also a directory of another file" if clash else "")
+
+
+def check_location(value: Any) -> str:
+    """``value`` if it is a location a manifest may hold, else :class:`ManifestError`."""
+    return _check_location(value)
 
 
 def _check_location(value: Any) -> str:
