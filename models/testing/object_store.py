@@ -48,6 +48,7 @@ class SeaweedServer:
     data_dir: Path
     process: subprocess.Popen
     bucket: str = BUCKET
+    sockets: tuple[Path, ...] = ()  # what weed makes in /tmp whatever its flags, named by this server's ports
 
     def client_env(self, base: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
         """The environment of a client of this server: the standard AWS variables, nothing else."""
@@ -86,7 +87,9 @@ def start_seaweed(data_dir: Path, timeout: float = 90.0) -> SeaweedServer:
         cwd=data_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     (data_dir / "data").mkdir(exist_ok=True)
-    server = SeaweedServer(endpoint, data_dir, process)
+    grpc = dict(zip(_SERVICES, ports[len(_SERVICES):]))
+    sockets = tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{grpc[name]}.sock") for name in ("master", "volume"))
+    server = SeaweedServer(endpoint, data_dir, process, sockets=sockets)
     deadline = time.monotonic() + timeout
     while not _bucket_answers(server):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -121,6 +124,9 @@ def stop_seaweed(server: SeaweedServer, *, keep_data: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
+    for socket_path in server.sockets:
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
     if not keep_data:
         shutil.rmtree(server.data_dir, ignore_errors=True)
 
