@@ -142,6 +142,12 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "TT_PREFETCH_THREADS": EnvVar.count(
         "TT_PREFETCH_THREADS", PREFETCH_THREADS,
         "threads reading a warm cache's files ahead of use (loaders also take prefetch=)"),
+    "TT_CACHE_REMOTE": EnvVar(
+        _text("TT_CACHE_REMOTE", ""), "a shared store of warm caches (s3://BUCKET/PREFIX, an http(s) mirror or a "
+        "directory): a cold load first pulls its exact variant from it (tt-cache push fills it)"),
+    "AWS_ENDPOINT_URL": EnvVar(
+        _text("AWS_ENDPOINT_URL", ""), "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from "
+        "the standard AWS chain and are never shown)"),
     "TT_USER_STATE": EnvVar(
         lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
         "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),

@@ -15,6 +15,9 @@ A load goes:
    weight is read (the checkpoint's files were verified once, on first
    sight, and are recognised by their stamps). A bad file means cold (or a clear error without a
    checkpoint).
+   **Pulled**: with ``$TT_CACHE_REMOTE`` set, a cold cache of a checkpoint first asks that shared
+   store for its exact variant and pulls it into a new generation
+   (:mod:`models.common.weight_cache.remote.cold_start`); the gate then decides again.
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
@@ -63,6 +66,7 @@ from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
 from models.common.weight_cache.placeholders import manifest_of
+from models.common.weight_cache.remote.cold_start import pull_on_cold_start
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
 from models.common.weight_cache.usage import touch_last_used
@@ -258,9 +262,19 @@ class WeightLoader(ABC):
             why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
             return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
+        if loaded is None and self._pulled_from_remote(args):
+            loaded, reason = self._try_warm(args, start)
         if loaded is not None:
             return loaded
         return self._load_cold(args, reason, start)
+
+    def _pulled_from_remote(self, args: ModelArgs) -> bool:
+        """A cold cache of this checkpoint: the shared store (``$TT_CACHE_REMOTE``) may hold this
+        exact variant; pull it (:mod:`models.common.weight_cache.remote.cold_start`)."""
+        return pull_on_cold_start(
+            self.cache_dir, model_name=self.model_name,
+            content_id=self.content_id if self.has_checkpoint_weights else None, n_layers=args.n_layers,
+            mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant)
 
     def seed(self, progress: Any = None) -> SeedResult:
         """Make the cache warm, keeping no weight: the explicit cache-only alternative to

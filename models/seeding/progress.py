@@ -89,6 +89,7 @@ class ProgressSnapshot:
     elapsed: float
     idle: float
     started: bool
+    unit: str = "weights"  # what is counted (``tt-cache push``/``pull`` count objects)
 
     @property
     def bytes_per_second(self) -> float:
@@ -105,7 +106,7 @@ class ProgressSnapshot:
         eta = f", ETA {self.eta:.0f} s" if self.eta is not None else ""
         total = f" of {self.total_bytes / 2**20:,.1f}" if self.total_bytes else ""
         last = f", last {self.last_weight}" if self.last_weight else ""
-        return (f"{self.weights_done}/{self.total_weights or '?'} weights, {self.bytes_done / 2**20:,.1f}{total} MiB, "
+        return (f"{self.weights_done}/{self.total_weights or '?'} {self.unit}, {self.bytes_done / 2**20:,.1f}{total} MiB, "
                 f"{self.bytes_per_second / 2**20:,.1f} MiB/s{eta}{last}")
 
 
@@ -115,8 +116,9 @@ class ProgressTracker:
     can report to it directly."""
 
     def __init__(self, label: str, *, stream: TextIO | None = None, log_every: float = 30.0,
-                 show: bool = True, clock=time.monotonic) -> None:
+                 show: bool = True, clock=time.monotonic, unit: str = "weights") -> None:
         self.label = label
+        self.unit = unit
         self._stream = stream or sys.stderr
         self._log_every = log_every
         self._show = show
@@ -153,7 +155,7 @@ class ProgressTracker:
                 if self._bar.total is not None and self.bytes_done > self._bar.total:
                     self._bar.total = self.bytes_done  # the estimate was short: never past 100%
                 total = max(self.total_weights, self.weights_done)
-                self._bar.set_postfix_str(f"{self.weights_done}/{total} weights", refresh=False)
+                self._bar.set_postfix_str(f"{self.weights_done}/{total} {self.unit}", refresh=False)
                 self._bar.update(int(nbytes))
 
     def finish(self) -> None:
@@ -180,7 +182,8 @@ class ProgressTracker:
             total_weights = max(self.total_weights, self.weights_done) if self.total_weights else 0
             total_bytes = max(self.total_bytes, self.bytes_done) if self.total_bytes else 0
             return ProgressSnapshot(self.weights_done, total_weights, self.bytes_done, total_bytes,
-                                    self.last_weight, now - self._started, now - self._last_activity, self.started)
+                                    self.last_weight, now - self._started, now - self._last_activity, self.started,
+                                    self.unit)
 
     def tick(self) -> None:
         """Called periodically: the log line when not on a terminal (once the seed started)."""

@@ -8,7 +8,10 @@ dir), and only while clean holds that dir's build lock (a live builder's files a
   makes, it is a regular file, and :func:`models.common.fileio.temp_writer_alive` says its writer
   is gone (a lock the writer holds, so it works across PID namespaces);
 * a build generation goes when its record proves a build of this project made it, no marker names
-  it and no reader holds its lease (:func:`models.common.weight_cache.generations.retire_unnamed`).
+  it and no reader holds its lease (:func:`models.common.weight_cache.generations.retire_unnamed`);
+* an object a killed ``tt-cache pull`` staged goes when it is a regular file in the dir's
+  ``.pulled-objects/`` named as a pull names one (a digest, or a digest and ``.part``): the next
+  pull fetches it again.
 
 A user's ``.zshrc.tmp.orig`` or ``gemma-2b/`` next to a cache survives. Files that vanish while
 clean looks (a writer publishing its temp) are simply gone, not an error.
@@ -16,6 +19,7 @@ clean looks (a writer publishing its temp) are simply gone, not an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ from models.common.weight_cache.layout import (
     iter_variant_dirs,
     tree_usage,
 )
+from models.common.weight_cache.remote.transfer import is_staged_name
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Removal:
     """One thing clean removed (or, in a dry run, would remove): a file or a whole build."""
 
     path: Path
-    kind: str  # "temp file", "marker", "leftover build", "retired build"
+    kind: str  # "temp file", "pulled object", "marker", "leftover build", "retired build"
     files: int
     size_bytes: int
 
@@ -100,6 +105,16 @@ def _temps(cache_dir: Path) -> list[Path]:
     return sorted(temps)
 
 
+def _pulled_objects(cache_dir: Path) -> list[Path]:
+    """What killed pulls staged in the dir (regular files named as a pull names them)."""
+    staging = VariantPaths(cache_dir).pulled_objects
+    try:
+        with os.scandir(staging) as entries:
+            return sorted(Path(e.path) for e in entries if is_staged_name(e.name) and e.is_file(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def _file_size(path: Path) -> int:
     try:
         return path.lstat().st_size
@@ -135,6 +150,7 @@ def _clean_dir(cache_dir: Path, report: CleanReport, invalidate: bool) -> None:
             report.kept_live.append(temp)
         else:
             files.append(Removal(temp, "temp file", 1, _file_size(temp)))
+    files += [Removal(p, "pulled object", 1, _file_size(p)) for p in _pulled_objects(cache_dir)]
     if invalidate:
         files += [Removal(p, "marker", 1, _file_size(p)) for p in sorted(cache_dir.iterdir()) if is_marker_name(p.name)]
     if report.dry_run:
@@ -147,6 +163,9 @@ def _clean_dir(cache_dir: Path, report: CleanReport, invalidate: bool) -> None:
             pass  # its writer published or removed it meanwhile
         except OSError as error:
             report.errors.append((removal.path, error.strerror or str(error)))
+    if not report.dry_run:
+        with contextlib.suppress(OSError):  # empty once its objects went (a user's file in it keeps it)
+            VariantPaths(cache_dir).pulled_objects.rmdir()
     for tag, (removals, leased) in builds.items():
         if report.dry_run:
             report.removals += [b for b in removals if b.path not in leased]

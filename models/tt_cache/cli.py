@@ -12,6 +12,10 @@
     tt-cache clean DIR [--invalidate]   remove what killed writers and failed builds left inside cache dirs
                                         (--dry-run: only list it; both report files and bytes)
     tt-cache clean --model-data         remove the prepared model data no weight cache and no --keep-plan needs
+    tt-cache push DIR --to URL          send a variant dir's warm variants to a shared store (s3://BUCKET/PREFIX or
+                                        a directory an HTTP server serves): only the objects it lacks, manifest last
+    tt-cache pull --from URL KEY|DIR    fetch a variant (or every variant pushed from a model or variant DIR) from a
+                                        shared store into a new local generation (resumable)
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (--older-than 30d, --max-size 20G)
     tt-cache env                        every environment variable the project reads, and its value
 
@@ -62,6 +66,7 @@ from models.tt_cache.common import (
 )
 from models.tt_cache.maintenance import cmd_clean, cmd_gc, cmd_ls
 from models.tt_cache.prefill import add_prefill_commands
+from models.tt_cache.remote import add_remote_commands
 
 DEBUG_ENV = "TT_CACHE_DEBUG"
 MODEL_ROOT_HELP = "the prepared model data (default: $TT_MODEL_DATA, else the repo's model_data/)"
@@ -354,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --model-data: never a snapshot of a model this seeding plan names (repeatable)")
 
     add_command(sub, "env", cmd_env, "every environment variable the project reads, with its value")
+
+    add_remote_commands(sub)
 
     add_prefill_commands(sub)
     return parser

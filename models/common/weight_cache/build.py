@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -44,6 +44,7 @@ from models.common.weight_cache.layout import (
 )
 from models.common.weight_cache.marker import (
     FileRecord,
+    WeightCacheError,
     WeightCacheMarker,
     forget_markers,
     marker_json,
@@ -110,9 +111,13 @@ class BuildTransaction:
         self.opened_at = time.perf_counter()
         return self.generation.path
 
-    def commit(self, marker: WeightCacheMarker, files: Sequence[str], host_sidecar: str | None = None) -> WeightCacheMarker:
+    def commit(self, marker: WeightCacheMarker, files: Sequence[str], host_sidecar: str | None = None, *,
+               expected: Mapping[str, str] | None = None) -> WeightCacheMarker:
         """Seal ``files`` (and the sidecar; paths relative to the generation), publish the marker
-        and retire what it replaced. Returns the marker as published."""
+        and retire what it replaced. Returns the marker as published.
+
+        ``expected`` (relative path -> digest: files copied from elsewhere, a pull's) must be what
+        the seal hashes, or nothing is published (:class:`WeightCacheError`; the generation goes)."""
         generation = self.generation
         if generation is None:
             raise RuntimeError("commit() before open_generation()")
@@ -120,6 +125,9 @@ class BuildTransaction:
         start = time.perf_counter()
         records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix)
         sealed_at = time.perf_counter()
+        for record in records if expected is not None else ():
+            if expected.get(record.path.removeprefix(prefix)) != record.digest:
+                raise WeightCacheError(f"{record.path} is not the file this build was given; nothing was published")
         sealed = dataclasses.replace(marker, generation=generation.name, files=records[:len(files)],
                                      host_sidecar=records[len(files)] if host_sidecar else None, verified_ns=verified_ns,
                                      build_seconds=round(sealed_at - self.opened_at, 3))

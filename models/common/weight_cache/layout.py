@@ -11,6 +11,8 @@ A cache root (``$TT_CACHE_PATH``)::
                 .last_used.<tag>                    its mtime is the last warm start (LRU eviction)
                 .model_ids.<tag>.json               other model ids whose weights this build also is
                 .build.lock                         held by the one builder of this dir
+                .pulled-objects/<digest>[.part]     objects a pull from a shared store fetched and verified,
+                                                    waiting for its generation (a killed pull resumes here)
                 g<time>-<token>/                    one build generation, written by one build
                     .generation                     its ownership record (variant tag, build id)
                     .readers                        the reader lease
@@ -66,6 +68,7 @@ STAMPS_PREFIX = ".stamps"
 LAST_USED_PREFIX = ".last_used"
 MODEL_IDS_PREFIX = ".model_ids"
 BUILD_LOCK = ".build.lock"
+PULLED_OBJECTS = ".pulled-objects"
 GENERATION_PREFIX = "g"
 GENERATION_RECORD = ".generation"
 PENDING_RECORD_PREFIX = f"{GENERATION_RECORD}."
@@ -177,6 +180,12 @@ class VariantPaths:
     @property
     def build_lock(self) -> Path:
         return self.cache_dir / BUILD_LOCK
+
+    @property
+    def pulled_objects(self) -> Path:
+        """Where a pull keeps the objects it verified until its generation is sealed (shared by
+        the dir's variants: an object is named by its content; the build lock orders the pulls)."""
+        return self.cache_dir / PULLED_OBJECTS
 
     @property
     def user_build_lock(self) -> Path:

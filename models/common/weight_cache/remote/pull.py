@@ -1,0 +1,246 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pull one variant from a shared store into a new local generation, through the one build
+transaction, so a pulled cache is exactly as trustworthy as a built one.
+
+::
+
+    the newest trusted manifest of the variant key     (every object it names exists, with its size)
+    with BuildTransaction(paths) as build:             (the build lock: one pull or build at a time)
+        warm already?  -> done, nothing fetched
+        fetch every object into .pulled-objects/       (each hashed as written, checked against its
+                                                        name, fsynced; kept there across a kill)
+        link each file into a new generation; drop the staged names
+        build.commit(marker, files, expected=digests)  (sealed, fsynced, the marker last)
+
+A pull killed anywhere leaves no marker: the next build or pull removes its generation, and the
+objects it verified are not fetched again. A missing or corrupt object fails the pull with nothing
+published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.common.fileio import fsync_dirs, fsync_file
+from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.gate import CacheStatus, weight_cache_status
+from models.common.weight_cache.layout import VariantPaths
+from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker
+from models.common.weight_cache.remote.store_layout import (
+    MAX_MANIFEST_BYTES,
+    MAX_POINTER_BYTES,
+    Manifest,
+    ManifestError,
+    is_manifest_name,
+    keys_in,
+    latest_key,
+    locations_prefix,
+    manifests_prefix,
+    object_key,
+    objects_prefix,
+    parse_latest,
+    parse_manifest,
+)
+from models.common.weight_cache.remote.stores import (
+    TRANSFER_THREADS,
+    ObjectMissing,
+    RemoteStoreError,
+    Store,
+    StoreIntegrityError,
+    StoreUnavailable,
+)
+from models.common.weight_cache.remote.transfer import TransferProgress, fetch_object, run_all, staged_path
+
+
+class CacheNotWritable(RemoteStoreError):
+    """The local cache dir cannot take the pull (bad input: the CLI's exit 2)."""
+
+
+@dataclass(frozen=True)
+class PullResult:
+    cache_dir: Path
+    variant_key: str
+    manifest: str
+    warm: bool
+    reason: str
+    already_warm: bool
+    objects: int
+    objects_fetched: int
+    bytes_total: int
+    bytes_fetched: int
+    seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cache_dir": str(self.cache_dir), "variant_key": self.variant_key, "manifest": self.manifest,
+                "warm": self.warm, "reason": self.reason, "already_warm": self.already_warm, "objects": self.objects,
+                "objects_fetched": self.objects_fetched, "bytes": self.bytes_total,
+                "bytes_fetched": self.bytes_fetched, "seconds": round(self.seconds, 3)}
+
+    def summary(self) -> str:
+        if self.already_warm:
+            return f"{self.cache_dir}: already warm (variant {self.variant_key[:16]}); nothing fetched"
+        state = "warm" if self.warm else f"cold: {self.reason}"
+        return (f"{self.cache_dir}: pulled variant {self.variant_key[:16]}, {state} ({self.objects_fetched}/"
+                f"{self.objects} objects, {self.bytes_fetched / 2**20:,.1f}/{self.bytes_total / 2**20:,.1f} MiB "
+                f"fetched in {self.seconds:.1f} s)")
+
+
+# --------------------------------------------------------------------------------------------
+# Which manifest
+# --------------------------------------------------------------------------------------------
+
+
+def read_manifest(store: Store, key: str, variant_key: str | None = None) -> Manifest:
+    raw = store.read_small(key, MAX_MANIFEST_BYTES)
+    if raw is None:
+        raise ObjectMissing(f"{store.url}: no manifest {key}")
+    try:
+        return parse_manifest(raw, variant_key)
+    except ManifestError as error:
+        raise StoreIntegrityError(f"{store.url}: manifest {key} is refused: {error}") from None
+
+
+def missing_objects(store: Store, manifest: Manifest, present: dict[str, int] | None = None,
+                    threads: int = TRANSFER_THREADS) -> list[str]:
+    """The objects ``manifest`` names that the store lacks or holds with another size
+    (``present``: a listing of the objects already made; else one HEAD per object)."""
+    wanted = sorted(manifest.digests().items())
+    if present is None:
+        sizes = run_all(lambda item: store.size(object_key(item[0])), wanted, threads)
+    else:
+        sizes = [present.get(object_key(digest)) for digest, _ in wanted]
+    return [digest for (digest, size), stored in zip(wanted, sizes) if stored != size]
+
+
+def variant_keys_at(store: Store, location: str) -> list[str]:
+    """The variants pushed from a model or variant dir (``location`` under a cache root)."""
+    if not store.can_list:
+        raise StoreUnavailable(f"{store.url}: an HTTP mirror cannot be listed; pull by the variant key push printed")
+    return keys_in(store.list_sizes(locations_prefix(location)))
+
+
+def trusted_manifest(store: Store, variant_key: str) -> tuple[str, Manifest]:
+    """(key, manifest) of the newest manifest of ``variant_key`` whose objects are all stored."""
+    if store.can_list:
+        names = sorted((key for key in store.list_sizes(manifests_prefix(variant_key))
+                        if is_manifest_name(key.rpartition("/")[2])), reverse=True)
+        present = store.list_sizes(objects_prefix()) if names else {}
+    else:
+        raw = store.read_small(latest_key(variant_key), MAX_POINTER_BYTES)
+        try:
+            names = [] if raw is None else [manifests_prefix(variant_key) + parse_latest(raw)]
+        except ManifestError as error:
+            raise StoreIntegrityError(f"{store.url}: {latest_key(variant_key)} is refused: {error}") from None
+        present = None
+    problems = []
+    for key in names:
+        try:
+            manifest = read_manifest(store, key, variant_key)
+        except StoreIntegrityError as error:
+            problems.append(str(error))
+            continue
+        missing = missing_objects(store, manifest, present)
+        if not missing:
+            return key, manifest
+        problems.append(f"{key} names {len(missing)} object(s) the store lacks (first: {object_key(missing[0])})")
+    if not names:
+        raise ObjectMissing(f"{store.url}: no manifest of variant {variant_key}")
+    raise StoreIntegrityError(f"{store.url}: no complete manifest of variant {variant_key[:16]} ({problems[0]})")
+
+
+# --------------------------------------------------------------------------------------------
+# The pull
+# --------------------------------------------------------------------------------------------
+
+
+def local_status(cache_dir: Path, marker: WeightCacheMarker) -> CacheStatus:
+    """The local gate for exactly the variant a manifest's marker is."""
+    return weight_cache_status(cache_dir, model_name=marker.model_name, n_layers=marker.n_layers,
+                               mesh_shape=marker.mesh_shape, components=marker.components,
+                               build_variant=marker.build_variant, force_env=None, content_id=marker.content_id)
+
+
+def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest_key: str = "",
+                 into: Path | None = None, progress: TransferProgress | None = None,
+                 threads: int = TRANSFER_THREADS) -> PullResult:
+    """Fetch the variant ``manifest`` names into ``into`` (default ``<cache_root>/<location>``)
+    and seal it as a new generation (see the module doc)."""
+    start = time.perf_counter()
+    marker = manifest.marker
+    cache_dir = Path(into) if into is not None else Path(cache_root) / manifest.location
+    paths = VariantPaths(cache_dir, marker.build_variant)
+    objects = manifest.digests()
+
+    def result(status: CacheStatus, already: bool, fetched: list[int]) -> PullResult:
+        return PullResult(cache_dir, manifest.variant_key, manifest_key, status.warm, status.reason, already,
+                          len(objects), sum(1 for n in fetched if n), manifest.total_bytes, sum(fetched),
+                          time.perf_counter() - start)
+
+    try:
+        fetched = _pull_into(store, manifest, paths, progress, threads)
+    except OSError as error:  # the local disk: full, read-only, failing
+        raise CacheNotWritable(f"{cache_dir}: the pull cannot write there ({error.strerror or error}); "
+                               "nothing was published") from None
+    return result(local_status(cache_dir, marker), fetched is None, fetched or [])
+
+
+def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: TransferProgress | None,
+               threads: int) -> list[int] | None:
+    """The pull under the build lock; the bytes fetched per object (None: the variant is warm already)."""
+    marker = manifest.marker
+    objects = manifest.digests()
+    cache_dir = paths.cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with BuildTransaction(paths) as build:
+        if not build.locked:
+            raise CacheNotWritable(f"{cache_dir}: cannot take the build lock ({build.lock.why})")
+        if local_status(cache_dir, marker).warm:
+            return None
+        if progress is not None:
+            progress.start(len(objects), manifest.total_bytes)
+
+        def fetch(item: tuple[str, int]) -> int:
+            digest, size = item
+            _, fetched = fetch_object(store, digest, size, paths.pulled_objects)
+            if progress is not None:
+                progress.weight_done(digest[:16], size)
+            return fetched
+
+        try:
+            fetched = run_all(fetch, sorted(objects.items(), key=lambda item: -item[1]), threads)
+        finally:
+            if progress is not None:
+                progress.finish()
+        root = build.open_generation()
+        placed = [_place(staged_path(paths.pulled_objects, record.digest), root / record.path)
+                  for record in marker.all_files()]
+        fsync_dirs({path.parent for path in placed} | {root})
+        for digest in objects:  # before the seal: unlinking a name changes the file's ctime, its stamp
+            with contextlib.suppress(FileNotFoundError):
+                staged_path(paths.pulled_objects, digest).unlink()
+        with contextlib.suppress(OSError):
+            paths.pulled_objects.rmdir()
+        try:
+            build.commit(marker, [record.path for record in marker.files],
+                         marker.host_sidecar.path if marker.host_sidecar else None,
+                         expected={record.path: record.digest for record in marker.all_files()})
+        except WeightCacheError as error:
+            raise StoreIntegrityError(f"{cache_dir}: {error}") from None
+    return fetched
+
+
+def _place(staged: Path, destination: Path) -> Path:
+    """A verified object at its path in the generation: a hard link (no copy), else a copy."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(staged, destination)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(staged, destination)
+        fsync_file(destination)
+    return destination

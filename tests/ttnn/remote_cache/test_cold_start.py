@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""With ``$TT_CACHE_REMOTE`` set, a cold local ``load()`` first pulls its exact variant from the
+shared store and starts warm with the tensors the cold build made; a store without the variant,
+or one that cannot be reached, leaves it to build cold as before."""
+
+from __future__ import annotations
+
+import torch
+
+from models.common.weight_cache.remote.push import push_cache_dir
+from models.common.weight_cache.remote.urls import open_store
+from models.testing.object_store import free_ports
+from models.testing.tiny_models import tensors_of
+
+
+def _load(built_variant, root):
+    from models.registry import loader_class
+
+    return loader_class("llama")(built_variant.checkpoint, precision="bfloat16", cache_root=root,
+                                 mesh_shape=(1, 2)).load()
+
+
+def test_a_cold_load_pulls_its_variant_and_starts_warm(built_variant, s3_url, tmp_path, monkeypatch):
+    push_cache_dir(built_variant.cache_dir, open_store(s3_url))
+    monkeypatch.setenv("TT_CACHE_REMOTE", s3_url)
+    loaded = _load(built_variant, tmp_path / "fresh-root")
+    assert loaded.warm and loaded.cache_dir.is_relative_to(tmp_path / "fresh-root")
+    tensors = tensors_of(loaded)
+    assert tensors.keys() == built_variant.tensors.keys()
+    for name, shards in tensors.items():
+        assert all(torch.equal(a, b) for a, b in zip(shards, built_variant.tensors[name], strict=True)), name
+
+
+def test_without_the_variant_or_the_store_the_load_builds_cold(built_variant, s3_url, tmp_path, monkeypatch):
+    (dead_port,) = free_ports(1)
+    for number, remote in enumerate([s3_url, f"http://127.0.0.1:{dead_port}/mirror", str(tmp_path / "empty")]):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        monkeypatch.setenv("TT_CACHE_REMOTE", remote)
+        loaded = _load(built_variant, tmp_path / f"root{number}")
+        assert not loaded.warm and loaded.cached, remote
