@@ -19,16 +19,18 @@ from models.common.weight_cache.remote.pull import pull_variant, trusted_manifes
 from models.common.weight_cache.remote.store_layout import identity_key
 from models.common.weight_cache.remote.stores import ObjectMissing, RemoteStoreError
 from models.common.weight_cache.remote.urls import open_store
+from models.common.weight_cache.variant import VariantIdentity
 
 
 def pull_on_cold_start(cache_dir: Path, *, model_name: str, content_id: str | None, n_layers: int, mesh_shape: Any,
                        components: Any, build_variant: Any) -> bool:
-    """Pull this exact variant into ``cache_dir`` from ``$TT_CACHE_REMOTE``; whether it is warm now."""
+    """Pull this exact variant into ``cache_dir`` from ``$TT_CACHE_REMOTE``; whether it is warm now.
+    The variant is this process's (its ttnn version and the tensorbin format it writes, probed)."""
     url = envs.TT_CACHE_REMOTE
     if not url or content_id is None:
         return False
-    key = identity_key(content_id=content_id, model_name=model_name, n_layers=n_layers, mesh_shape=mesh_shape,
-                       components=components, build_variant=build_variant)
+    key = identity_key(content_id=content_id, model_name=model_name, n_layers=n_layers, components=components,
+                       variant=VariantIdentity.here(build_variant, mesh_shape, probe=True))
     try:
         store = open_store(url)
         manifest_key, manifest = trusted_manifest(store, key)

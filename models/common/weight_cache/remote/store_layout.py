@@ -30,8 +30,9 @@ then trusts each object only once its bytes hash to its name. Two pushers of one
 each write their own manifest; the newest trusted one wins.
 
 **The variant key** is a SHA-256 of the identity the gate matches (:func:`variant_identity`): the
-marker's format, the checkpoint's content id (its model name when it has none), layer count, mesh
-shape, components and build variant. Every other marker field travels in the manifest, and a
+marker's format, the checkpoint's content id (its model name when it has none), layer count,
+components and the variant's :class:`~models.common.weight_cache.variant.VariantIdentity` (build
+variant, mesh shape, ttnn version, tensorbin format): a host of another ttnn asks for another key. Every other marker field travels in the manifest, and a
 pulled variant is warm only if the local gate accepts its marker.
 
 **A manifest is untrusted input** (:func:`parse_manifest`): size-capped, strict schema, its marker
@@ -58,10 +59,8 @@ from models.common.weight_cache.layout import (
     CONTENT_PREFIX_HEX,
     GENERATION_RECORD,
     READERS_LEASE,
-    canonical_variant,
     is_generation_name,
     normalize_components,
-    normalize_mesh_shape,
 )
 from models.common.weight_cache.marker import (
     WEIGHT_CACHE_FORMAT_VERSION,
@@ -74,6 +73,7 @@ from models.common.weight_cache.marker import (
     safe_relative_path,
 )
 from models.common.weight_cache.side_files import SideFileError, parse_json
+from models.common.weight_cache.variant import VariantIdentity
 
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20  # a 100,000-file variant's manifest is about 20 MB
@@ -154,14 +154,15 @@ def _checked_key(variant_key: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def variant_identity(*, content_id: str | None, model_name: str, n_layers: int, mesh_shape: Any,
-                     components: Any, build_variant: Any) -> dict[str, Any]:
+def variant_identity(*, content_id: str | None, model_name: str, n_layers: int, components: Any,
+                     variant: VariantIdentity) -> dict[str, Any]:
     """What a variant is, as the gate matches it (normalized as a marker records it): the store
     keys manifests by its digest, so a loader can ask for its exact variant before it has a marker."""
     identity: dict[str, Any] = {
         "format_version": WEIGHT_CACHE_FORMAT_VERSION, "content_id": content_id, "n_layers": n_layers,
-        "mesh_shape": normalize_mesh_shape(mesh_shape), "components": normalize_components(components),
-        "build_variant": canonical_variant(build_variant),
+        "components": normalize_components(components), "mesh_shape": variant.mesh_shape,
+        "build_variant": variant.build_variant, "ttnn_version": variant.ttnn_version,
+        "tensorbin_format": variant.tensorbin_format,
     }
     if content_id is None:  # the seed API's caches: no checkpoint digest, the name stands for it
         identity["model_name"] = model_name
@@ -177,7 +178,7 @@ def identity_key(**identity: Any) -> str:
 def variant_key(marker: WeightCacheMarker) -> str:
     """The variant key of the build a marker records."""
     return identity_key(content_id=marker.content_id, model_name=marker.model_name, n_layers=marker.n_layers,
-                        mesh_shape=marker.mesh_shape, components=marker.components, build_variant=marker.build_variant)
+                        components=marker.components, variant=marker.identity)
 
 
 # --------------------------------------------------------------------------------------------
