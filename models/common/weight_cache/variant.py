@@ -49,8 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from models.common import envs
 from models.common.fileio import atomic_write_bytes, read_regular
 
@@ -201,6 +199,8 @@ def _record_format(key: str, runtime: TtnnRuntime) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(body).encode(), durable=False)
     except OSError as error:  # a read-only home: torch-free processes compare the version alone
+        from loguru import logger  # imported late: the CLI sets its level first (device_env.set_output)
+
         logger.debug(f"could not record the tensorbin format in {path}: {error}")
 
 
@@ -229,6 +229,8 @@ def ttnn_runtime(*, probe: bool = False) -> TtnnRuntime | None:
         try:
             return _probed()
         except Exception as error:  # noqa: BLE001 - a reader then compares what it can
+            from loguru import logger  # imported late: the CLI sets its level first (device_env.set_output)
+
             logger.warning(f"could not probe ttnn's tensorbin format ({error}); comparing what is recorded")
     install = installed_ttnn()
     if install is None:

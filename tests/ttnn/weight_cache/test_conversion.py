@@ -113,7 +113,8 @@ def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path
 
     def recording_init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        sinks.append(self)
+        if type(self) is WeightSink:  # not the plan's (it converts nothing)
+            sinks.append(self)
 
     def recording_release(self, keep=()):
         (sink,) = sinks
