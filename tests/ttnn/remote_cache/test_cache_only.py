@@ -17,8 +17,9 @@ import torch
 
 from models.common.checkpoint import CheckpointError
 from models.common.weight_cache.remote.push import push_cache_dir
-from models.common.weight_cache.remote.store_layout import model_index_key, model_key_of
+from models.common.weight_cache.remote.store_layout import model_index_key, model_key_of, object_key
 from models.common.weight_cache.remote.urls import open_store
+from models.testing.object_store import free_ports
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint, tensors_of
 from tests.ttnn.vllm.oracle import tiny_tokenizer
 
@@ -125,3 +126,31 @@ def test_two_checkpoints_under_one_model_id_are_an_error_listing_both(hub_varian
     assert all(key in str(error.value) for key in keys)
     assert not list((tmp_path / "home").rglob(".weights_complete.*"))  # nothing pulled
 
+
+
+def test_a_store_that_fails_leaves_the_cache_only_error_and_publishes_nothing(hub_variant, deploy, s3_url, tmp_path,
+                                                                              monkeypatch):
+    """A dead store, an HTTP mirror (no listing) and an object whose bytes are not its digest's
+    (same size: only the pull's hash sees it) each give today's error."""
+    without_store = _no_cache_error(deploy)
+    store = open_store(s3_url)
+    push_cache_dir(hub_variant.cache_dir, store)
+    record = max(hub_variant.marker.files, key=lambda r: r.bytes)
+    store.upload(object_key(record.digest), [b"\0" * record.bytes], record.bytes, exclusive=False)
+    (dead_port,) = free_ports(1)
+    for remote in (s3_url, f"http://127.0.0.1:{dead_port}/mirror"):
+        monkeypatch.setenv("TT_CACHE_REMOTE", remote)
+        assert _no_cache_error(deploy) == without_store, remote
+    assert not list((tmp_path / "home").rglob(".weights_complete.*"))
+
+
+def test_a_pulled_cache_built_with_another_config_is_refused(hub_variant, deploy, s3_url, monkeypatch):
+    """The store's variant is pulled, then the cache-only gate compares the deploy's config.json
+    with the recorded one, as for a local cache."""
+    push_cache_dir(hub_variant.cache_dir, open_store(s3_url))
+    config = json.loads((deploy / "config.json").read_text())
+    (config.get("rope_parameters") or config)["rope_theta"] = 123.0
+    (deploy / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("TT_CACHE_REMOTE", s3_url)
+    with pytest.raises(CheckpointError, match="differs from the config"):
+        _loader(deploy).load()
