@@ -144,7 +144,8 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         "threads reading a warm cache's files ahead of use (loaders also take prefetch=)"),
     "TT_CACHE_REMOTE": EnvVar(
         _text("TT_CACHE_REMOTE", ""), "a shared store of warm caches (s3://BUCKET/PREFIX, an http(s) mirror or a "
-        "directory): a cold load first pulls its exact variant from it (tt-cache push fills it)"),
+        "directory): a cold load first pulls its exact variant from it, a cache-only deploy the newest of its model id "
+        "(tt-cache push fills it)"),
     "AWS_ENDPOINT_URL": EnvVar(
         _text("AWS_ENDPOINT_URL", ""), "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from "
         "the standard AWS chain and are never shown)"),

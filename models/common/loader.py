@@ -17,7 +17,8 @@ A load goes:
    checkpoint).
    **Pulled**: with ``$TT_CACHE_REMOTE`` set, a cold cache of a checkpoint first asks that shared
    store for its exact variant and pulls it into a new generation
-   (:mod:`models.common.weight_cache.remote.cold_start`); the gate then decides again.
+   (:mod:`models.common.weight_cache.remote.cold_start`); the gate then decides again. A
+   cache-only deploy with no warm cache of its model id asks the store by that model id first.
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
@@ -51,6 +52,7 @@ import torch
 import ttnn
 from loguru import logger
 
+from models.common import envs
 from models.common.build_plan import PlannedWeight, plan_weights
 from models.common.checkpoint import CheckpointError, KeyRule
 from models.common.conversion import LazyStateDict, WeightSink
@@ -66,7 +68,7 @@ from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
 from models.common.weight_cache.placeholders import manifest_of
-from models.common.weight_cache.remote.cold_start import pull_on_cold_start
+from models.common.weight_cache.remote.cold_start import pull_cache_only, pull_on_cold_start
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
 from models.common.weight_cache.usage import touch_last_used
@@ -257,6 +259,8 @@ class WeightLoader(ABC):
     def load(self) -> LoadedModel:
         """Build the model: warm from the cache when the gate says so, else cold (and cache it)."""
         start = time.perf_counter()
+        if not self.has_checkpoint_weights and not self.forced:
+            self._pull_cache_only()
         args = self.make_args(self.model_config(), self.num_layers)
         if self.forced:
             why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
@@ -275,6 +279,28 @@ class WeightLoader(ABC):
             self.cache_dir, model_name=self.model_name,
             content_id=self.content_id if self.has_checkpoint_weights else None, n_layers=args.n_layers,
             mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant)
+
+    def _pull_cache_only(self) -> None:
+        """A cache-only deploy with no warm cache of its model id here: the shared store
+        (``$TT_CACHE_REMOTE``) may hold one (:func:`~models.common.weight_cache.remote.cold_start.pull_cache_only`);
+        the request then finds it as it finds a local one, and the gate decides."""
+        if not envs.TT_CACHE_REMOTE or self.request.named_cache_dir is not None:
+            return
+        found = self.request.cache_only_dirs()
+        if len(found) > 1:
+            return  # the request's error lists them
+        if found:
+            args = self.make_args(self.model_config(), self.num_layers)
+            if self.status(args).warm:
+                return
+        else:
+            config = self.request.deployed_config()
+            if config is None:
+                return
+            args = self.make_args(config, self.num_layers)
+        pull_cache_only(self.request.content_dir, model_id=self.model_id, n_layers=args.n_layers,
+                        mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant)
+        self.request.find_again()
 
     def seed(self, progress: Any = None) -> SeedResult:
         """Make the cache warm, keeping no weight: the explicit cache-only alternative to

@@ -67,7 +67,8 @@ class TTHostCausalLM:
             raise CheckpointError(
                 f"cannot start {model}: no warm ttnn cache for it under {loader.cache_root} and no checkpoint weights "
                 f"to build one from ({error}). Build the cache where the weights are (tt-cache build) and point "
-                f"TT_CACHE_PATH at it, or make the weights reachable (MODEL_WEIGHTS_DIR, HF_MODEL, HF_HOME)."
+                f"TT_CACHE_PATH at it, or TT_CACHE_REMOTE at a shared store it was pushed to (tt-cache push), or make "
+                f"the weights reachable (MODEL_WEIGHTS_DIR, HF_MODEL, HF_HOME)."
             ) from None
         state = "warm" if loaded.warm else f"cold ({loaded.reason})"
         logger.info(f"{cls.__name__}: {model} loaded {state} in {loaded.seconds:.3f} s from {loaded.cache_dir}")

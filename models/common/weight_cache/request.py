@@ -8,7 +8,9 @@ install, and a loader delegates here).
   any folder name, HF id or hub snapshot share one cache (``<name>`` is only for people); different
   weights never do. With no weights on this machine (a cache-only deploy) it is the one cache
   whose marker records this model id (or that was loaded warm under it); none or several is an
-  error that lists them. An explicit ``cache_dir=`` is checked the same way, by the gate.
+  error that lists them (with ``$TT_CACHE_REMOTE`` set, the loader first asks the shared store
+  for one: :func:`~models.common.weight_cache.remote.cold_start.pull_cache_only`). An explicit
+  ``cache_dir=`` is checked the same way, by the gate.
 * **The config** is the checkpoint's; a cache-only deploy's own ``config.json`` must agree with
   the one the cache was built with wherever it changes the computation (another ``rope_theta``
   on the same tensors would run warm and wrong), else it is an error naming the fields.
@@ -103,15 +105,24 @@ class CacheRequest:
             return self.named_cache_dir
         if self.content_id is None:
             return self._cache_only_dir()
+        return self.content_dir(self.content_id)
+
+    def content_dir(self, content_id: str) -> Path:
+        """This variant's dir for the checkpoint content ``content_id``: the one holding it (under
+        any readable name), else a new one under this checkpoint's name (where a pull puts it too)."""
         root = CacheRoot(self.cache_root)
-        own = root.model_dir(self.model_name, self.content_id) / self.variant_subdir
+        own = root.model_dir(self.model_name, content_id) / self.variant_subdir
         if VariantPaths(own, self.build_variant).marker.exists():
             return own
-        for model_dir in root.model_dirs_of(self.content_id):
+        for model_dir in root.model_dirs_of(content_id):
             candidate = model_dir / self.variant_subdir
-            if self._recorded(candidate, "content_id") == self.content_id:
+            if self._recorded(candidate, "content_id") == content_id:
                 return candidate
         return own
+
+    def find_again(self) -> None:
+        """Forget the cache dir found, so the next use looks again (a pull may have added one)."""
+        self.__dict__.pop("cache_dir", None)
 
     @property
     def paths(self) -> VariantPaths:
@@ -123,7 +134,18 @@ class CacheRequest:
         except WeightCacheError:
             return None
 
-    def _cache_only_dir(self) -> Path:
+    def cache_only_dirs(self) -> list[Path]:
+        """The caches under the root that a cache-only load of this model id may use."""
+        return self._cache_only_candidates()[0]
+
+    def deployed_config(self) -> dict[str, Any] | None:
+        """The deploy's own ``config.json`` (None where it has none)."""
+        if self.checkpoint_dir is None or not (self.checkpoint_dir / CONFIG_FILE).is_file():
+            return None
+        return read_config(self.checkpoint_dir)
+
+    def _cache_only_candidates(self) -> tuple[list[Path], list[str]]:
+        """(caches of this model id, the model ids of the other caches of this name)."""
         candidates, same_name = [], []
         for model_dir in CacheRoot(self.cache_root).model_dirs():
             directory = model_dir / self.variant_subdir
@@ -132,6 +154,10 @@ class CacheRequest:
                 candidates.append(directory)
             elif recorded is not None and checkpoint_name(recorded) == self.model_name:
                 same_name.append(recorded)
+        return candidates, same_name
+
+    def _cache_only_dir(self) -> Path:
+        candidates, same_name = self._cache_only_candidates()
         if len(candidates) == 1:
             return candidates[0]
         where = f"{self.precision} {self.variant_subdir.name} caches under {self.cache_root}"

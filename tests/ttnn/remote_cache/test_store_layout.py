@@ -19,6 +19,10 @@ from models.common.weight_cache.remote.store_layout import (
     manifest_json,
     manifest_of,
     manifests_prefix,
+    model_index_key,
+    model_index_prefix,
+    model_key,
+    model_key_of,
     new_manifest_name,
     object_key,
     parse_latest,
@@ -178,3 +182,25 @@ def test_keys_are_content_addressed_and_malformed_names_never_become_keys():
     for bad in ("../x", "/abs", ".hidden/x", "a//b"):
         with pytest.raises(ManifestError):
             location_key(bad, key)
+
+
+def test_the_model_key_is_the_model_id_and_the_rest_of_the_variant_identity():
+    """A cache-only deploy's key: another model id, layer count, mesh or ttnn is another key; the
+    content id is no part of it; a cache of no checkpoint content has none."""
+    marker = _marker(None)
+    key = model_key_of(marker)
+    fields = {"model_id": "org/tiny-llama", "n_layers": 2, "components": None, "variant": marker.identity}
+    assert key == model_key(**fields)
+    assert model_key_of(dataclasses.replace(marker, content_id="6" * 64)) == key
+    for change in ({"model_id": "org/other"}, {"n_layers": 3},
+                   {"variant": dataclasses.replace(marker.identity, mesh_shape="(1, 1)")},
+                   {"variant": dataclasses.replace(marker.identity, tensorbin_format="other")}):
+        assert model_key(**{**fields, **change}) != key, change
+    assert model_key_of(dataclasses.replace(marker, content_id=None)) is None
+    assert model_index_key(key, "b" * 64) == f"models/{key}/{'b' * 64}"
+    assert keys_in([model_index_key(key, "b" * 64), model_index_prefix(key) + "junk"]) == ["b" * 64]
+    for bad in ("../x", "B" * 64, ""):
+        with pytest.raises(ManifestError):
+            model_index_key(bad, "b" * 64)
+        with pytest.raises(ManifestError):
+            model_index_key(key, bad)

@@ -2,21 +2,29 @@
 """A cold start that asks the shared store first: with ``$TT_CACHE_REMOTE`` set, a loader whose cache
 is cold pulls its exact variant (the key of :func:`~.store_layout.variant_identity`) and starts warm.
 
-Never in the way: an unset variable, a store without the variant, a checkpoint whose content id is
-unknown, or any failure of the store or of the pull (one log line) leaves the loader to build cold
-as it would have; and the pulled cache is warm only if the loader's own gate then says so.
+A cache-only deploy (no checkpoint weights, so no content id) asks by its model id instead: the
+variants indexed under its model key (:func:`~.store_layout.model_identity`), each proved by its
+manifest, and pulls the newest into the dir its content id has under the local cache root, where
+the cache-only load then finds it by its marker as it finds a local one. Variants of several
+content ids under one model id are an error that lists them, as several local caches are.
+
+Never in the way: an unset variable, a store without the variant, or any failure of the store or
+of the pull (one log line) leaves the loader to build cold as it would have (a cache-only deploy:
+to the error it gives today); and the pulled cache is warm only if the loader's own gate then says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from models.common import envs
-from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest
-from models.common.weight_cache.remote.store_layout import identity_key
+from models.common.checkpoint import CheckpointError
+from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest, trusted_manifests_of_model
+from models.common.weight_cache.remote.store_layout import identity_key, model_key
 from models.common.weight_cache.remote.stores import ObjectMissing, RemoteStoreError
 from models.common.weight_cache.remote.urls import open_store
 from models.common.weight_cache.variant import VariantIdentity
@@ -39,8 +47,46 @@ def pull_on_cold_start(cache_dir: Path, *, model_name: str, content_id: str | No
         logger.info(f"{model_name}: the shared store {url} has no variant {key[:16]}; building cold")
         return False
     except Exception as error:  # noqa: BLE001 - a cold start is never worse for the store being there
-        why = str(error) if isinstance(error, RemoteStoreError) else f"{type(error).__name__}: {error}"
-        logger.warning(f"{model_name}: pulling variant {key[:16]} from {url} failed ({why}); building cold")
+        logger.warning(f"{model_name}: pulling variant {key[:16]} from {url} failed ({_why(error)}); building cold")
         return False
     logger.info(f"{model_name}: {result.summary()}")
     return result.warm
+
+
+def pull_cache_only(place: Callable[[str], Path], *, model_id: str, n_layers: int, mesh_shape: Any, components: Any,
+                    build_variant: Any) -> bool:
+    """Pull the newest variant of ``model_id`` that this process can load from ``$TT_CACHE_REMOTE``
+    into ``place(content id)``; whether it is warm now. Several content ids: :class:`CheckpointError`."""
+    url = envs.TT_CACHE_REMOTE
+    if not url:
+        return False
+    key = model_key(model_id=model_id, n_layers=n_layers, components=components,
+                    variant=VariantIdentity.here(build_variant, mesh_shape, probe=True))
+    try:
+        store = open_store(url)
+        found = trusted_manifests_of_model(store, key)
+    except Exception as error:  # noqa: BLE001 - the deploy is no worse for the store being there
+        logger.warning(f"{model_id}: asking {url} for its variants failed ({_why(error)})")
+        return False
+    if not found:
+        logger.info(f"{model_id}: the shared store {url} has no variant of this model id for this host ({key[:16]})")
+        return False
+    contents = {manifest.marker.content_id for _, manifest in found}
+    if len(contents) > 1:
+        listed = "\n  ".join(f"{m.variant_key}  {m.location}" for _, m in sorted(found, key=lambda f: f[1].location))
+        raise CheckpointError(
+            f"{model_id}: no checkpoint weights on this machine and the shared store {url} holds {len(contents)} "
+            f"variants of it built from different weights; pull one with tt-cache pull --from {url} KEY:\n  {listed}")
+    manifest_key, manifest = max(found, key=lambda item: item[1].pushed_ns)
+    cache_dir = place(manifest.marker.content_id)
+    try:
+        result = pull_variant(store, manifest, cache_dir.parent, manifest_key=manifest_key, into=cache_dir)
+    except Exception as error:  # noqa: BLE001
+        logger.warning(f"{model_id}: pulling variant {manifest.variant_key[:16]} from {url} failed ({_why(error)})")
+        return False
+    logger.info(f"{model_id}: {result.summary()}")
+    return result.warm
+
+
+def _why(error: Exception) -> str:
+    return str(error) if isinstance(error, RemoteStoreError) else f"{type(error).__name__}: {error}"

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from models.common.fileio import fsync_dirs, fsync_file
 from models.common.weight_cache.build import BuildTransaction
 from models.common.weight_cache.gate import CacheStatus, weight_cache_status
@@ -42,6 +44,8 @@ from models.common.weight_cache.remote.store_layout import (
     latest_key,
     locations_prefix,
     manifests_prefix,
+    model_index_prefix,
+    model_key_of,
     object_key,
     objects_prefix,
     parse_latest,
@@ -123,6 +127,27 @@ def variant_keys_at(store: Store, location: str) -> list[str]:
     if not store.can_list:
         raise StoreUnavailable(f"{store.url}: an HTTP mirror cannot be listed; pull by the variant key push printed")
     return keys_in(store.list_sizes(locations_prefix(location)))
+
+
+def trusted_manifests_of_model(store: Store, model_key: str) -> list[tuple[str, Manifest]]:
+    """(key, manifest) of the newest trusted manifest of each variant indexed under ``model_key``
+    whose marker derives that model key; an entry whose manifest is missing, incomplete or of
+    another model is left out (one log line): the index is a lead, the manifest the proof."""
+    if not store.can_list:
+        raise StoreUnavailable(f"{store.url}: an HTTP mirror cannot be listed by model id; pull by the variant key")
+    found = []
+    for variant_key in keys_in(store.list_sizes(model_index_prefix(model_key))):
+        try:
+            key, manifest = trusted_manifest(store, variant_key)
+        except StoreIntegrityError as error:  # ObjectMissing too: an entry without its manifest
+            logger.info(f"{store.url}: model index entry {variant_key[:16]} is ignored ({error})")
+            continue
+        if model_key_of(manifest.marker) != model_key:
+            logger.warning(f"{store.url}: model index entry {variant_key[:16]} names a variant of another model "
+                           f"({manifest.marker.model_id}); ignored")
+            continue
+        found.append((key, manifest))
+    return found
 
 
 def trusted_manifest(store: Store, variant_key: str) -> tuple[str, Manifest]:

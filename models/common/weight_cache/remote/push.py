@@ -8,7 +8,8 @@ manifest last.
     send each missing object (several at once), each proved against its digest as it is read
     check that every object the manifest names is there with its size
     write the manifest (a new name: never overwrites another push), then point ``latest`` at the
-    newest manifest, and record the variant under its location (``pull DIR`` lists them)
+    newest manifest, and record the variant under its location (``pull DIR`` lists them) and under
+    its model key (a cache-only deploy's cold start lists them)
 
 The variant's generation is leased while its files are read, so a build that replaces it meanwhile
 never deletes them under the push. A push killed at any point leaves objects (harmless: named by
@@ -31,6 +32,8 @@ from models.common.weight_cache.remote.store_layout import (
     latest_key,
     location_key,
     manifest_json,
+    model_index_key,
+    model_key_of,
     manifest_of,
     manifests_prefix,
     new_manifest_name,
@@ -143,6 +146,9 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
     store.write_small(latest_key(manifest.variant_key), max(manifests, default=name).rpartition("/")[2].encode(),
                       exclusive=False)
     store.write_small(location_key(manifest.location, manifest.variant_key), b"", exclusive=True)
+    answers_to = model_key_of(manifest.marker)
+    if answers_to is not None:
+        store.write_small(model_index_key(answers_to, manifest.variant_key), b"", exclusive=True)
     return PushResult(paths.cache_dir, manifest.variant_key, name, len(wanted), len(missing), manifest.total_bytes,
                       sum(r.bytes for r in missing), time.perf_counter() - start)
 

@@ -17,6 +17,10 @@ A store (an S3 prefix, a directory, or that directory served over HTTP)::
                                                      (``<model>--<id>/<precision>/mesh_RxC`` under a
                                                      cache root), so ``pull DIR`` finds the variants of
                                                      a model or variant dir by listing
+        models/<model key>/<variant key>             empty: a variant of this model id was pushed
+                                                     (written after its manifest), so a cache-only
+                                                     deploy, which knows no content id, finds it by
+                                                     listing
 
 **Content addressing.** An object's key is its digest, so a file is sent once whatever variants
 hold it, and a second push of an unchanged variant sends nothing. Nobody rewrites a stored object:
@@ -34,6 +38,13 @@ marker's format, the checkpoint's content id (its model name when it has none), 
 components and the variant's :class:`~models.common.weight_cache.variant.VariantIdentity` (build
 variant, mesh shape, ttnn version, tensorbin format): a host of another ttnn asks for another key. Every other marker field travels in the manifest, and a
 pulled variant is warm only if the local gate accepts its marker.
+
+**The model key** is a SHA-256 of what a cache-only deploy wants (:func:`model_identity`): the
+model id its marker records in place of the content id, and every other field of the variant
+identity, so one listing names only variants this host can load. An index entry is only a lead:
+a reader takes its variant key through the newest trusted manifest, and keeps it only if that
+manifest's marker derives the same model key (:func:`model_key_of`); several content ids under
+one model key are the deploy's to choose.
 
 **A manifest is untrusted input** (:func:`parse_manifest`): size-capped, strict schema, its marker
 through :func:`~models.common.weight_cache.marker.parse_marker`, every path relative, inside the
@@ -82,6 +93,7 @@ MAX_PATH_DEPTH = 16
 OBJECTS = "objects"
 VARIANTS = "variants"
 LOCATIONS = "locations"
+MODELS = "models"
 MANIFESTS = "manifests"
 LATEST = "latest"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -129,8 +141,18 @@ def locations_prefix(location: str) -> str:
     return f"{LOCATIONS}/{_check_location(location)}/"
 
 
+def model_index_key(model_key: str, variant_key: str) -> str:
+    return f"{MODELS}/{_checked_key(model_key)}/{_checked_key(variant_key)}"
+
+
+def model_index_prefix(model_key: str) -> str:
+    """Every variant pushed under ``model_key`` (its variant keys, by listing)."""
+    return f"{MODELS}/{_checked_key(model_key)}/"
+
+
 def keys_in(listing: list[str] | dict[str, int]) -> list[str]:
-    """The variant keys a listing of :func:`locations_prefix` names (anything else is left out)."""
+    """The variant keys a listing of :func:`locations_prefix` or :func:`model_index_prefix` names
+    (anything else is left out)."""
     return sorted({key.rpartition("/")[2] for key in listing if _HEX64.fullmatch(key.rpartition("/")[2])})
 
 
@@ -158,21 +180,48 @@ def variant_identity(*, content_id: str | None, model_name: str, n_layers: int, 
                      variant: VariantIdentity) -> dict[str, Any]:
     """What a variant is, as the gate matches it (normalized as a marker records it): the store
     keys manifests by its digest, so a loader can ask for its exact variant before it has a marker."""
-    identity: dict[str, Any] = {
-        "format_version": WEIGHT_CACHE_FORMAT_VERSION, "content_id": content_id, "n_layers": n_layers,
-        "components": normalize_components(components), "mesh_shape": variant.mesh_shape,
-        "build_variant": variant.build_variant, "ttnn_version": variant.ttnn_version,
-        "tensorbin_format": variant.tensorbin_format,
-    }
+    identity = {"content_id": content_id, **_build_identity(n_layers, components, variant)}
     if content_id is None:  # the seed API's caches: no checkpoint digest, the name stands for it
         identity["model_name"] = model_name
     return identity
 
 
+def model_identity(*, model_id: str, n_layers: int, components: Any, variant: VariantIdentity) -> dict[str, Any]:
+    """What a cache-only deploy of ``model_id`` can load: a variant identity with the model id in
+    place of the content id it cannot know."""
+    return {"model_id": model_id, **_build_identity(n_layers, components, variant)}
+
+
+def _build_identity(n_layers: int, components: Any, variant: VariantIdentity) -> dict[str, Any]:
+    """The fields both keys share: everything of a build but the weights it was made from."""
+    return {"format_version": WEIGHT_CACHE_FORMAT_VERSION, "n_layers": n_layers,
+            "components": normalize_components(components), "mesh_shape": variant.mesh_shape,
+            "build_variant": variant.build_variant, "ttnn_version": variant.ttnn_version,
+            "tensorbin_format": variant.tensorbin_format}
+
+
+def _digest(identity: dict[str, Any]) -> str:
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def identity_key(**identity: Any) -> str:
     """The variant key of :func:`variant_identity`'s fields."""
-    canonical = json.dumps(variant_identity(**identity), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _digest(variant_identity(**identity))
+
+
+def model_key(**identity: Any) -> str:
+    """The model key of :func:`model_identity`'s fields."""
+    return _digest(model_identity(**identity))
+
+
+def model_key_of(marker: WeightCacheMarker) -> str | None:
+    """The model key a marker's build answers to (None for a cache of no checkpoint content: the
+    seed API's, which a cache-only deploy never loads)."""
+    if marker.content_id is None:
+        return None
+    return model_key(model_id=marker.model_id, n_layers=marker.n_layers, components=marker.components,
+                     variant=marker.identity)
 
 
 def variant_key(marker: WeightCacheMarker) -> str:

