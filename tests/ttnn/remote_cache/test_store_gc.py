@@ -253,3 +253,52 @@ def test_a_pull_that_cannot_record_its_use_still_pulls(built_variant, tmp_path):
         assert pull_variant(store, manifest, tmp_path / "root", manifest_key=key).warm
     assert not (store_dir / used_key(own.variant_key)).exists()
     assert layout_key(used_key(own.variant_key)).kind == "used"
+
+
+class _DeletesWhenReleased:
+    """The real store, whose gc holds its first object deletion until ``release`` is set: the
+    moment a push publishes between the gc's last look at the manifests and its deletions."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def delete(self, key: str) -> None:
+        if key.startswith("objects/"):
+            assert self.release.wait(60), "the push never published"
+        self._store.delete(key)
+
+
+def test_a_manifest_published_while_gc_deletes_its_objects_ends_complete(built_variant, s3_url):
+    own = _push(built_variant.cache_dir, s3_url)
+    store = open_store(s3_url)
+    paused = _DeletesWhenReleased(store)
+    plan = plan_store_gc(store, max_size=0, grace=0)
+    assert len(plan.objects) == len(own.digests())
+    errors: list[BaseException] = []
+
+    def run(step) -> None:
+        try:
+            step()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    gc = threading.Thread(target=run, args=(lambda: collect_store_garbage(paused, plan, grace=0, threads=2),))
+    gc.start()
+    deadline = time.monotonic() + 60
+    while store.list_sizes(manifests_prefix(own.variant_key)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the gc withdrew the manifest and looked at the manifests; now it deletes
+    pusher = threading.Thread(target=run, args=(lambda: push_cache_dir(built_variant.cache_dir, store, threads=2),))
+    pusher.start()
+    while not store.list_sizes(manifests_prefix(own.variant_key)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the pusher, left alone, would finish now
+    paused.release.set()
+    gc.join(60)
+    pusher.join(60)
+    assert not errors, errors
+    assert _complete(store, own.variant_key), "a published manifest names an object the gc deleted"
+    assert trusted_manifest(store, own.variant_key)
