@@ -302,3 +302,25 @@ def test_a_manifest_published_while_gc_deletes_its_objects_ends_complete(built_v
     assert not errors, errors
     assert _complete(store, own.variant_key), "a published manifest names an object the gc deleted"
     assert trusted_manifest(store, own.variant_key)
+
+
+def test_a_killed_gcs_lease_holds_no_push_and_the_next_gc_removes_it(built_variant, s3_url):
+    from models.common.weight_cache.remote.store_gc import CLOCK_SKEW_S, LEASE_S, wait_for_collectors
+    from models.common.weight_cache.remote.store_layout import gc_lease_key
+
+    store = open_store(s3_url)
+    started = time.time() - LEASE_S - CLOCK_SKEW_S - 60
+    stale = gc_lease_key(int(started * 1e9))
+    store.write_small(stale, json.dumps({"deadline_ns": int((started + LEASE_S) * 1e9)}).encode(), exclusive=True)
+    assert wait_for_collectors(store) < 1.0
+    _push(built_variant.cache_dir, s3_url)
+    plan = plan_store_gc(store, older_than=86400)
+    assert plan.stale_leases == [stale] and not plan.evicted
+    collect_store_garbage(store, plan)
+    assert store.size(stale) is None
+
+    live = gc_lease_key(time.time_ns())
+    store.write_small(live, json.dumps({"deadline_ns": int((time.time() + 2) * 1e9)}).encode(), exclusive=True)
+    assert plan_store_gc(store, older_than=86400).stale_leases == []
+    threading.Timer(1.0, store.delete, args=(live,)).start()
+    assert 0.8 < wait_for_collectors(store) < 10

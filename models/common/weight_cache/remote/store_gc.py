@@ -86,6 +86,7 @@ class StoreGcResult:
     evicted: list[StoreEviction] = field(default_factory=list)
     objects: dict[str, int] = field(default_factory=dict)  # object key -> size: deleted (or to be)
     dangling: list[str] = field(default_factory=list)  # records of a variant no manifest is left of
+    stale_leases: list[str] = field(default_factory=list)  # of gc runs killed before they removed them
     young: list[str] = field(default_factory=list)  # unnamed objects within the grace period: kept
     foreign: list[str] = field(default_factory=list)  # keys the layout does not name: never touched
     kept_objects: list[str] = field(default_factory=list)  # planned, but named again or rewritten since
@@ -98,7 +99,7 @@ class StoreGcResult:
     def as_json(self) -> dict[str, Any]:
         return {"store": self.store, "evicted": [e.as_json() for e in self.evicted],
                 "objects": sorted(self.objects), "object_bytes": sum(self.objects.values()),
-                "dangling": self.dangling, "young": self.young, "foreign": self.foreign,
+                "dangling": self.dangling, "stale_leases": self.stale_leases, "young": self.young, "foreign": self.foreign,
                 "kept_objects": self.kept_objects, "deferred": self.deferred, "repushed": self.repushed,
                 "kept": self.kept, "kept_bytes": self.kept_bytes, "freed_bytes": self.freed_bytes}
 
@@ -147,7 +148,10 @@ def plan_store_gc(store: Store, *, max_size: int | None = None, older_than: floa
             result.foreign.append(key)
         elif kind.kind == "object":
             objects[key] = stored
-        elif kind.kind != "lease":
+        elif kind.kind == "lease":
+            if _lease_deadline(store, key) + CLOCK_SKEW_S < now:
+                result.stale_leases.append(key)
+        else:
             by_variant[kind.name][kind.kind].append(key)
     manifest_keys = [key for keys in by_variant.values() for key in keys["manifest"]]
     names = _read_names(store, manifest_keys, threads)
@@ -225,9 +229,9 @@ def collect_store_garbage(store: Store, plan: StoreGcResult, *, grace: float = G
     try:
         for eviction in plan.evicted:  # 2. withdraw: manifests first, then what points at them
             _withdraw(store, eviction, done)
-        for key in plan.dangling:
+        for key in plan.dangling + plan.stale_leases:  # nobody waits for a lease past its deadline
             store.delete(key)
-        done.dangling = list(plan.dangling)
+        done.dangling, done.stale_leases = list(plan.dangling), list(plan.stale_leases)
         # 3. every manifest there is now: what it names stays
         manifests = [key for key in store.list_keys(f"{VARIANTS}/")
                      if (kind := layout_key(key)) is not None and kind.kind == "manifest"]
@@ -283,12 +287,15 @@ def wait_for_collectors(store: Store, *, poll: float = LEASE_POLL_S) -> float:
     """Wait while any gc's lease is before its deadline (the pusher's side of the rule); the seconds
     waited. A lease that cannot be read counts from its name's start time."""
     waited = time.monotonic()
+    told = False
     while True:
         now = time.time()
         running = [key for key in store.list_keys(gc_leases_prefix()) if _lease_deadline(store, key) + CLOCK_SKEW_S > now]
         if not running:
             return time.monotonic() - waited
-        logger.info(f"{store.url}: waiting for {len(running)} gc run(s) before checking the pushed objects")
+        if not told:
+            logger.info(f"{store.url}: a gc is running ({running[0]}); the push checks its objects once it ends")
+            told = True
         time.sleep(poll)
 
 
