@@ -134,9 +134,9 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
             if progress is not None:
                 progress.finish()
 
-        resent = _resend_lost(paths, store, wanted, threads)  # a gc may have deleted one the store held
-        stored = store.list_sizes(objects_prefix())
-        short = [r.path for digest, r in wanted.items() if stored.get(object_key(digest)) != r.bytes]
+        resent = _resend_lost(paths, store, wanted, threads)  # the check; and a gc may have deleted one
+        stored = store.list_sizes(objects_prefix()) if resent else {}
+        short = [r.path for digest, r in wanted.items() if resent and stored.get(object_key(digest)) != r.bytes]
         if short:
             raise StoreIntegrityError(f"{store.url}: {len(short)} object(s) are not stored after the push "
                                       f"(first: {short[0]}); no manifest was written")

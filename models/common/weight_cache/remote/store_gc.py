@@ -44,7 +44,7 @@ from models.common.weight_cache.remote.stores import (
 from models.common.weight_cache.remote.transfer import run_all
 
 GRACE_S = 3600.0  # an object younger than this may belong to a push that has not published yet
-LEASE_S = 900.0  # a gc's deletions end this long after it wrote its lease
+LEASE_S = 600.0  # a gc's deletions end this long after it wrote its lease (a killed gc holds pushes no longer)
 LAST_DELETE_S = 120.0  # no deletion starts this close to the deadline (a request may take this long)
 CLOCK_SKEW_S = 60.0  # a pusher waits past a lease's deadline by this much (another host's clock)
 LEASE_POLL_S = 0.25
