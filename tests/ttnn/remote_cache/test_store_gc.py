@@ -324,3 +324,37 @@ def test_a_killed_gcs_lease_holds_no_push_and_the_next_gc_removes_it(built_varia
     assert plan_store_gc(store, older_than=86400).stale_leases == []
     threading.Timer(1.0, store.delete, args=(live,)).start()
     assert 0.8 < wait_for_collectors(store) < 10
+
+
+def test_a_gc_killed_anywhere_leaves_no_manifest_naming_a_missing_object(built_variant, seaweed, s3_url):
+    """SIGKILL at moments after the gc wrote its lease (withdrawing, listing, deleting): every
+    manifest left names only stored objects, and the next gc finishes the work."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from models.testing.tt_cache import REPO_ROOT, cli_env
+
+    store = open_store(s3_url)
+    env = seaweed.client_env(cli_env(), PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO_ROOT)))
+    command = [sys.executable, "-m", "models.tt_cache.cli", "gc", s3_url, "--max-size", "0", "--grace", "0s"]
+    states = []
+    for delay in (0.0, 0.03, 0.08, 0.15, 0.3):
+        own = _push(built_variant.cache_dir, s3_url)
+        sibling, _ = _publish_sibling(store, own, age_s=3600)
+        gc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while gc.poll() is None and not store.list_sizes("gc/"):
+            time.sleep(0.005)
+        time.sleep(delay)
+        gc.send_signal(signal.SIGKILL)
+        gc.wait()
+        states.append((delay, len(store.list_sizes("variants/")), len(store.list_sizes("objects/"))))
+        for key in (own.variant_key, sibling.variant_key):
+            assert _complete(store, key), f"killed {delay} s into its run: a manifest names an object the store lacks"
+        for lease in store.list_sizes("gc/"):  # its deadline passed (a push would wait for it until then)
+            store.delete(lease)
+    print(f"(kill delay, variant keys, objects) left by each killed gc: {states}")
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert store.list_sizes("") == {}
