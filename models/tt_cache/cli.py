@@ -350,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
     gc.add_argument("--grace", metavar="DURATION", help="a shared store: never delete an object the store wrote more "
                     "recently than this (a push that has not published yet; default 1h)")
-    gc.add_argument("--endpoint-url", metavar="URL", help="a shared store: the S3 endpoint (default: $AWS_ENDPOINT_URL)")
+    gc.add_argument("--endpoint-url", metavar="URL",
+                    help="a shared store: the S3 endpoint (default: $AWS_ENDPOINT_URL)")
 
     clean = add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
     clean.add_argument("cache_dir", metavar="DIR", nargs="?", help="a weight cache dir or root (optional with --model-data)")

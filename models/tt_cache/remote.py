@@ -206,8 +206,9 @@ def cmd_store_gc(args: argparse.Namespace) -> int:
     lines += [f"kept variant {key[:16]}: pushed again during gc" for key in result.repushed]
     lines += [f"deferred {key}: the gc's deadline came first (the next gc deletes it)" for key in result.deferred]
     lines += [f"left alone {key}: not a key of the store's layout" for key in result.foreign]
-    lines.append(f"{verb} {len(result.evicted)} variant(s), {'would free' if args.dry_run else 'freed'} "
-                 f"{format_size(result.freed_bytes)}; {format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
+    freed = "would free" if args.dry_run else "freed"
+    lines.append(f"{verb} {len(result.evicted)} variant(s), {freed} {format_size(result.freed_bytes)}; "
+                 f"{format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
     emit(args, {**result.as_json(), "dry_run": args.dry_run}, lines)
     return EXIT_OK
 

@@ -99,7 +99,8 @@ class StoreGcResult:
     def as_json(self) -> dict[str, Any]:
         return {"store": self.store, "evicted": [e.as_json() for e in self.evicted],
                 "objects": sorted(self.objects), "object_bytes": sum(self.objects.values()),
-                "dangling": self.dangling, "stale_leases": self.stale_leases, "young": self.young, "foreign": self.foreign,
+                "dangling": self.dangling, "stale_leases": self.stale_leases, "young": self.young,
+                "foreign": self.foreign,
                 "kept_objects": self.kept_objects, "deferred": self.deferred, "repushed": self.repushed,
                 "kept": self.kept, "kept_bytes": self.kept_bytes, "freed_bytes": self.freed_bytes}
 
@@ -155,6 +156,8 @@ def plan_store_gc(store: Store, *, max_size: int | None = None, older_than: floa
             by_variant[kind.name][kind.kind].append(key)
     manifest_keys = [key for keys in by_variant.values() for key in keys["manifest"]]
     names = _read_names(store, manifest_keys, threads)
+    used = [key for keys in by_variant.values() for key in keys["used"]]
+    pulls = dict(zip(used, run_all(lambda key: _last_pull(store, key, listing[key]), used, threads)))
     variants = []
     for variant_key, keys in sorted(by_variant.items()):
         records = keys["latest"] + keys["used"] + keys["location"]
@@ -162,7 +165,7 @@ def plan_store_gc(store: Store, *, max_size: int | None = None, older_than: floa
             result.dangling += [key for key in records if listing[key].modified < now - grace]
             continue
         pushed = max(int(key.rpartition("/")[2][:20]) for key in keys["manifest"]) / 1e9
-        pulled = max((_last_pull(store, key, listing[key]) for key in keys["used"]), default=0.0)
+        pulled = max((pulls[key] for key in keys["used"]), default=0.0)
         location = keys["location"][0][len(LOCATIONS) + 1:].rpartition("/")[0] if keys["location"] else None
         named = frozenset(set().union(*(names[key] for key in keys["manifest"])) & objects.keys())
         variants.append(StoredVariant(variant_key, location, tuple(keys["manifest"]), tuple(records),
@@ -290,7 +293,8 @@ def wait_for_collectors(store: Store, *, poll: float = LEASE_POLL_S) -> float:
     told = False
     while True:
         now = time.time()
-        running = [key for key in store.list_keys(gc_leases_prefix()) if _lease_deadline(store, key) + CLOCK_SKEW_S > now]
+        running = [key for key in store.list_keys(gc_leases_prefix())
+                   if _lease_deadline(store, key) + CLOCK_SKEW_S > now]
         if not running:
             return time.monotonic() - waited
         if not told:

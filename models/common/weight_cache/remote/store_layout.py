@@ -50,8 +50,9 @@ checks that every object its manifest names is stored and sends again the ones t
 manifest step 3 did not see was written after the lease, so its pusher sees the lease (or, the
 lease gone, every deletion already done) and its re-check comes after the last deletion that could
 touch it: the variant ends fully present, or (the pusher killed first) with a manifest that readers
-refuse because an object is missing, never trusted. A key under the prefix that this layout does
-not name is never deleted; gc reports it.
+refuse because an object is missing, never trusted. The pusher writes ``latest`` and its location
+entry only after that wait, so a gc never withdraws them from under a new manifest. A key under the
+prefix that this layout does not name is never deleted; gc reports it.
 
 **The variant key** is a SHA-256 of the identity the gate matches (:func:`variant_identity`): the
 marker's format, the checkpoint's content id (its model name when it has none), layer count,
@@ -113,7 +114,8 @@ GC_LEASES = "gc"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_NAME = re.compile(r"[0-9]{20}-[0-9a-f]{8}\.json")
 _OBJECT_KEY = re.compile(rf"{OBJECTS}/{CONTENT_DIGEST_ALGORITHM}/([0-9a-f]{{2}})/([0-9a-f]{{64}})")
-_VARIANT_RECORD = re.compile(rf"{VARIANTS}/([0-9a-f]{{64}})/({LATEST}|{USED}|{MANIFESTS}/[0-9]{{20}}-[0-9a-f]{{8}}\.json)")
+_VARIANT_RECORD = re.compile(
+    rf"{VARIANTS}/([0-9a-f]{{64}})/({LATEST}|{USED}|{MANIFESTS}/[0-9]{{20}}-[0-9a-f]{{8}}\.json)")
 _LEASE_KEY = re.compile(rf"{GC_LEASES}/[0-9]{{20}}-[0-9a-f]{{8}}\.json")
 _LOCATION_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,-]{0,254}")
 _RESERVED_NAMES = frozenset((GENERATION_RECORD, READERS_LEASE))
