@@ -16,6 +16,8 @@
                                         a directory an HTTP server serves): only the objects it lacks, manifest last
     tt-cache pull --from URL KEY|DIR    fetch a variant (or every variant pushed from a model or variant DIR) from a
                                         shared store into a new local generation (resumable)
+    tt-cache gc STORE --max-size 2T     evict a shared store's variants, least recently pushed or pulled first, and
+                                        the objects no manifest names any more (--older-than, --dry-run, --grace)
     tt-cache prefill ls|verify|gc ROOT  the frozen-backbone prefill cache (--older-than 30d, --max-size 20G)
     tt-cache env                        every environment variable the project reads, and its value
 
@@ -334,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="append this run's record (JSON lines); the GitHub summary shows the trend of the last runs")
 
     gc = add_command(sub, "gc", cmd_gc, "evict whole variants, least recently used first")
-    gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders)")
+    gc.add_argument("root", nargs="?", help="cache root (default: $TT_CACHE_PATH or ~/.cache/tt-warm-loaders), or a "
+                    "shared store: s3://BUCKET/PREFIX, file://DIR or a directory push wrote")
     gc.add_argument("--max-size", help="evict until the variants fit, e.g. 500G")
     gc.add_argument("--older-than", help="evict variants unused for longer, e.g. 30d")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
@@ -345,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="never evict a variant this seeding plan names (repeatable)")
     gc.add_argument("--prefill-max-size", metavar="SIZE",
                     help="evict prefill objects, LRU first, until <root>/prefill fits (default: $TT_PREFILL_CACHE_MAX_SIZE)")
+    gc.add_argument("--grace", metavar="DURATION", help="a shared store: never delete an object the store wrote more "
+                    "recently than this (a push that has not published yet; default 1h)")
+    gc.add_argument("--endpoint-url", metavar="URL",
+                    help="a shared store: the S3 endpoint (default: $AWS_ENDPOINT_URL)")
 
     clean = add_command(sub, "clean", cmd_clean, "remove what killed writers and failed builds left in cache dirs")
     clean.add_argument("cache_dir", metavar="DIR", nargs="?", help="a weight cache dir or root (optional with --model-data)")

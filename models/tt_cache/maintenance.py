@@ -272,7 +272,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from models.common.units import format_size, parse_size
     from models.tt_cache.gc import UsesError, collect_garbage, hand_over_uses, plan_eviction
     from models.tt_cache.humanize import parse_duration
+    from models.tt_cache.remote import cmd_store_gc, is_store
 
+    if args.root and is_store(args.root):
+        return cmd_store_gc(args)
+    if args.grace or args.endpoint_url:
+        raise CliError("--grace and --endpoint-url go with a shared store (s3://BUCKET/PREFIX or a store directory)")
     root = existing_dir(args.root) if args.root else CacheRoot.default().path
     try:
         max_size = parse_size(args.max_size) if args.max_size else None

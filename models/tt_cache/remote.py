@@ -6,6 +6,7 @@
     tt-cache pull --from URL KEY [--cache-root ROOT]           fetch the variant key push printed
     tt-cache pull --from URL ROOT/MODEL[/PRECISION/MESH]       fetch every variant pushed from that dir
     tt-cache pull --from URL --manifest KEY_OR_FILE            fetch the variant a manifest names
+    tt-cache gc s3://BUCKET/PREFIX | STORE_DIR --max-size 2T   evict whole variants, least recently used first
 
 Progress goes to stderr as the seeding progress shows it (a bar on a terminal, else one line every
 ``--progress-every`` seconds). A store that cannot be used (unknown bucket, refused credentials, no
@@ -161,6 +162,55 @@ def _named_manifest(store: Any, name: str) -> tuple[str, Any]:
         raise StoreIntegrityError(f"{store.url}: manifest {name} names {len(missing)} object(s) the store lacks "
                              f"(first: {object_key(missing[0])})")
     return name, manifest
+
+
+def is_store(target: str) -> bool:
+    """Whether ``gc``'s target is a shared store rather than a cache root: a URL (``s3://``,
+    ``file://``, ``http(s)://``, which gc refuses), or a directory push wrote (``objects/`` or
+    ``variants/`` at its top; a cache root's model dirs are ``<name>--<id>``)."""
+    from models.common.weight_cache.remote.store_layout import OBJECTS, VARIANTS
+
+    if re.match(r"[a-z][a-z0-9+.-]*://", target):
+        return True
+    return any((Path(target) / name).is_dir() for name in (OBJECTS, VARIANTS))
+
+
+def cmd_store_gc(args: argparse.Namespace) -> int:
+    """``tt-cache gc STORE``: plan, then (unless ``--dry-run``) carry the plan out."""
+    from models.common.units import format_size, parse_size
+    from models.common.weight_cache.remote.store_gc import GRACE_S, collect_store_garbage, plan_store_gc
+    from models.common.weight_cache.remote.urls import open_store
+    from models.tt_cache.humanize import parse_duration
+
+    if args.uses or args.keep_plan or args.prefill_max_size:
+        raise CliError("--uses, --keep-plan and --prefill-max-size go with a cache root, not a shared store")
+    try:
+        max_size = parse_size(args.max_size) if args.max_size else None
+        older_than = parse_duration(args.older_than) if args.older_than else None
+        grace = parse_duration(args.grace) if args.grace else GRACE_S
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if max_size is None and older_than is None:
+        raise CliError("gc needs --max-size and/or --older-than")
+    with _store_errors():
+        store = open_store(args.root, endpoint_url=args.endpoint_url)
+        plan = plan_store_gc(store, max_size=max_size, older_than=older_than, grace=grace)
+        result = plan if args.dry_run else collect_store_garbage(store, plan, grace=grace)
+    verb = "would evict" if args.dry_run else "evicted"
+    lines = [f"{verb} variant {e.variant.variant_key[:16]} {e.variant.location or '(no location)'} "
+             f"({format_size(e.freed_bytes)}, {e.why})" for e in result.evicted]
+    lines += [f"{'would delete' if args.dry_run else 'deleted'} {len(result.objects)} object(s), "
+              f"{format_size(sum(result.objects.values()))}; {len(result.dangling)} record(s) of withdrawn variants"]
+    lines += [f"kept {key}: written within the grace period" for key in result.young]
+    lines += [f"kept {key}: named again since the plan" for key in result.kept_objects]
+    lines += [f"kept variant {key[:16]}: pushed again during gc" for key in result.repushed]
+    lines += [f"deferred {key}: the gc's deadline came first (the next gc deletes it)" for key in result.deferred]
+    lines += [f"left alone {key}: not a key of the store's layout" for key in result.foreign]
+    freed = "would free" if args.dry_run else "freed"
+    lines.append(f"{verb} {len(result.evicted)} variant(s), {freed} {format_size(result.freed_bytes)}; "
+                 f"{format_size(result.kept_bytes)} kept in {result.kept} variant(s)")
+    emit(args, {**result.as_json(), "dry_run": args.dry_run}, lines)
+    return EXIT_OK
 
 
 def add_remote_commands(sub: argparse._SubParsersAction) -> None:

@@ -9,6 +9,7 @@ Modules, from the bottom up (none imports torch or ttnn):
 ``s3``            the S3 backend (boto3): endpoint override, multipart, conditional writes
 ``urls``          which store a URL names
 ``transfer``      moving one object: verified uploads and the download strategies
+``store_gc``      evict a store's least recently used variants, then the objects no manifest names
 ``push``          send a variant's missing objects, then its manifest
 ``pull``          fetch a variant into a new local generation through the one build transaction
 ``cold_start``    a loader's cold start pulls its exact variant first (``$TT_CACHE_REMOTE``)

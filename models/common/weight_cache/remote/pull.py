@@ -11,6 +11,7 @@ transaction, so a pulled cache is exactly as trustworthy as a built one.
                                                         name, fsynced; kept there across a kill)
         link each file into a new generation; drop the staged names
         build.commit(marker, files, expected=digests)  (sealed, fsynced, the marker last)
+    record the pull in the store (the variant's ``used``, gc's recency; best effort)
 
 A pull killed anywhere leaves no marker: the next build or pull removes its generation, and the
 objects it verified are not fetched again. A missing or corrupt object fails the pull with nothing
@@ -51,6 +52,7 @@ from models.common.weight_cache.remote.store_layout import (
     parse_latest,
     parse_manifest,
 )
+from models.common.weight_cache.remote.store_gc import record_pull
 from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
     ObjectMissing,
@@ -212,7 +214,10 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
     except OSError as error:  # the local disk: full, read-only, failing
         raise CacheNotWritable(f"{cache_dir}: the pull cannot write there ({error.strerror or error}); "
                                "nothing was published") from None
-    return result(local_status(cache_dir, marker), fetched is None, fetched or [])
+    status = local_status(cache_dir, marker)
+    if status.warm:
+        record_pull(store, manifest.variant_key)  # gc's recency; never fails the pull
+    return result(status, fetched is None, fetched or [])
 
 
 def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: TransferProgress | None,

@@ -6,10 +6,12 @@ manifest last.
 
     list the store's objects once
     send each missing object (several at once), each proved against its digest as it is read
-    check that every object the manifest names is there with its size
-    write the manifest (a new name: never overwrites another push), then point ``latest`` at the
-    newest manifest, and record the variant under its location (``pull DIR`` lists them) and under
-    its model key (a cache-only deploy's cold start lists them)
+    check that every object the manifest names is there with its size (sending again what a gc
+    deleted meanwhile)
+    write the manifest (a new name: never overwrites another push)
+    wait out every running gc, then send again any object it deleted (gc's rule, :mod:`.store_layout`)
+    point ``latest`` at the newest manifest, and record the variant under its location (``pull DIR``
+    lists them) and under its model key (a cache-only deploy's cold start lists them)
 
 The variant's generation is leased while its files are read, so a build that replaces it meanwhile
 never deletes them under the push. A push killed at any point leaves objects (harmless: named by
@@ -40,6 +42,7 @@ from models.common.weight_cache.remote.store_layout import (
     object_key,
     objects_prefix,
 )
+from models.common.weight_cache.remote.store_gc import wait_for_collectors
 from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
     RemoteStoreError,
@@ -134,13 +137,16 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
             if progress is not None:
                 progress.finish()
 
-    stored = store.list_sizes(objects_prefix())
-    short = [r.path for digest, r in wanted.items() if stored.get(object_key(digest)) != r.bytes]
-    if short:
-        raise StoreIntegrityError(f"{store.url}: {len(short)} object(s) are not stored after the push "
-                                  f"(first: {short[0]}); no manifest was written")
-    name = manifests_prefix(manifest.variant_key) + new_manifest_name(manifest.pushed_ns)
-    store.write_small(name, manifest_json(manifest), exclusive=True)
+        resent = _resend_lost(paths, store, wanted, threads)  # the check; and a gc may have deleted one
+        stored = store.list_sizes(objects_prefix()) if resent else {}
+        short = [r.path for digest, r in wanted.items() if resent and stored.get(object_key(digest)) != r.bytes]
+        if short:
+            raise StoreIntegrityError(f"{store.url}: {len(short)} object(s) are not stored after the push "
+                                      f"(first: {short[0]}); no manifest was written")
+        name = manifests_prefix(manifest.variant_key) + new_manifest_name(manifest.pushed_ns)
+        store.write_small(name, manifest_json(manifest), exclusive=True)
+        wait_for_collectors(store)  # the pusher's side of gc's rule (store_layout): then check again
+        resent += _resend_lost(paths, store, wanted, threads)
     manifests = [key for key in store.list_sizes(manifests_prefix(manifest.variant_key))
                  if is_manifest_name(key.rpartition("/")[2])]
     store.write_small(latest_key(manifest.variant_key), max(manifests, default=name).rpartition("/")[2].encode(),
@@ -149,6 +155,21 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
     answers_to = model_key_of(manifest.marker)
     if answers_to is not None:
         store.write_small(model_index_key(answers_to, manifest.variant_key), b"", exclusive=True)
-    return PushResult(paths.cache_dir, manifest.variant_key, name, len(wanted), len(missing), manifest.total_bytes,
-                      sum(r.bytes for r in missing), time.perf_counter() - start)
+    sent = missing + resent
+    return PushResult(paths.cache_dir, manifest.variant_key, name, len(wanted), len(sent), manifest.total_bytes,
+                      sum(r.bytes for r in sent), time.perf_counter() - start)
+
+
+def _resend_lost(paths: VariantPaths, store: Store, wanted: dict[str, FileRecord], threads: int) -> list[FileRecord]:
+    """Send again each object the store lacks now (a gc deleted it meanwhile); what was sent."""
+    stored = store.list_sizes(objects_prefix())
+    lost = [r for digest, r in wanted.items() if stored.get(object_key(digest)) != r.bytes]
+
+    def send(record: FileRecord) -> None:
+        key = object_key(record.digest)
+        parts = verified_parts(paths.cache_dir / record.path, record.digest, record.bytes)
+        store.upload(key, parts, record.bytes, exclusive=key not in stored)
+
+    run_all(send, lost, threads)
+    return lost
 

@@ -28,6 +28,7 @@ from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
     ObjectMissing,
     RemoteStoreError,
+    StoredKey,
     StoreUnavailable,
 )
 
@@ -106,12 +107,16 @@ class S3Store:
     # -- reading ----------------------------------------------------------------------------
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
-        found: dict[str, int] = {}
+        return {key: stored.size for key, stored in self.list_keys(prefix).items()}
+
+    def list_keys(self, prefix: str) -> dict[str, StoredKey]:
+        found: dict[str, StoredKey] = {}
         with self._errors(prefix):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
             for page in pages:
                 for entry in page.get("Contents", ()):
-                    found[entry["Key"][len(self.prefix):]] = int(entry["Size"])
+                    found[entry["Key"][len(self.prefix):]] = StoredKey(int(entry["Size"]),
+                                                                       entry["LastModified"].timestamp())
         return found
 
     def size(self, key: str) -> int | None:
@@ -143,6 +148,10 @@ class S3Store:
             return None
 
     # -- writing ----------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        with self._errors(key):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))  # an absent key: S3 answers 204
 
     def write_small(self, key: str, data: bytes, *, exclusive: bool) -> bool:
         return self._put(key, data, exclusive)

@@ -13,6 +13,8 @@ A store (an S3 prefix, a directory, or that directory served over HTTP)::
                                                      overwritten
             latest                                   the name of the newest manifest, for readers
                                                      that cannot list (``http://``)
+            used                                     the time (ns) of the variant's last pull, written
+                                                     by the pull (best effort: a pull never fails on it)
         locations/<location>/<variant key>           empty: a variant was pushed from <location>
                                                      (``<model>--<id>/<precision>/mesh_RxC`` under a
                                                      cache root), so ``pull DIR`` finds the variants of
@@ -21,6 +23,8 @@ A store (an S3 prefix, a directory, or that directory served over HTTP)::
                                                      (written after its manifest), so a cache-only
                                                      deploy, which knows no content id, finds it by
                                                      listing
+        gc/<started_ns>-<token>.json                 a running gc's lease: the time its deletions end
+                                                     (``deadline_ns``); removed when it is done
 
 **Content addressing.** An object's key is its digest, so a file is sent once whatever variants
 hold it, and a second push of an unchanged variant sends nothing. Nobody rewrites a stored object:
@@ -32,6 +36,27 @@ over by the next push of a variant that holds it.
 size checked; a reader trusts a manifest only when every object it names exists with its size, and
 then trusts each object only once its bytes hash to its name. Two pushers of one variant at once
 each write their own manifest; the newest trusted one wins.
+
+**Garbage collection** (``tt-cache gc STORE``, :mod:`.store_gc`) evicts whole variants, least
+recently used first (the newest of its last push and its ``used``). Its one rule: *withdraw, then
+look again, then delete only what nobody named, before a deadline a pusher can see.*
+
+1. write its lease ``gc/…`` (the deadline of every deletion of this run);
+2. withdraw each evicted variant: its manifests first, then ``latest``, ``used`` and its
+   location and model index entries (a reader from now on finds the variant absent, never half-deleted);
+3. list every manifest AFTER that and read each: an object any of them names stays;
+4. delete an object only if no manifest of step 3 names it, the store wrote it longer than the
+   grace period ago (a push in progress has not published its manifest yet), and the lease's
+   deadline has not passed; then remove the lease.
+
+A pusher, after writing its manifest, waits while any lease it lists is before its deadline, then
+checks that every object its manifest names is stored and sends again the ones that are not. A
+manifest step 3 did not see was written after the lease, so its pusher sees the lease (or, the
+lease gone, every deletion already done) and its re-check comes after the last deletion that could
+touch it: the variant ends fully present, or (the pusher killed first) with a manifest that readers
+refuse because an object is missing, never trusted. The pusher writes ``latest``, its location
+entry and its model index entry only after that wait, so a gc never withdraws them from under a new manifest. A key under the
+prefix that this layout does not name is never deleted; gc reports it.
 
 **The variant key** is a SHA-256 of the identity the gate matches (:func:`variant_identity`): the
 marker's format, the checkpoint's content id (its model name when it has none), layer count,
@@ -96,8 +121,14 @@ LOCATIONS = "locations"
 MODELS = "models"
 MANIFESTS = "manifests"
 LATEST = "latest"
+USED = "used"
+GC_LEASES = "gc"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_NAME = re.compile(r"[0-9]{20}-[0-9a-f]{8}\.json")
+_OBJECT_KEY = re.compile(rf"{OBJECTS}/{CONTENT_DIGEST_ALGORITHM}/([0-9a-f]{{2}})/([0-9a-f]{{64}})")
+_VARIANT_RECORD = re.compile(
+    rf"{VARIANTS}/([0-9a-f]{{64}})/({LATEST}|{USED}|{MANIFESTS}/[0-9]{{20}}-[0-9a-f]{{8}}\.json)")
+_LEASE_KEY = re.compile(rf"{GC_LEASES}/[0-9]{{20}}-[0-9a-f]{{8}}\.json")
 _LOCATION_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@,-]{0,254}")
 _RESERVED_NAMES = frozenset((GENERATION_RECORD, READERS_LEASE))
 _MANIFEST_KEYS = frozenset(("manifest_version", "variant_key", "location", "pushed_ns", "marker"))
@@ -130,6 +161,50 @@ def manifests_prefix(variant_key: str) -> str:
 
 def latest_key(variant_key: str) -> str:
     return f"{VARIANTS}/{_checked_key(variant_key)}/{LATEST}"
+
+
+def used_key(variant_key: str) -> str:
+    return f"{VARIANTS}/{_checked_key(variant_key)}/{USED}"
+
+
+def gc_lease_key(started_ns: int) -> str:
+    return f"{GC_LEASES}/{new_manifest_name(started_ns)}"
+
+
+def gc_leases_prefix() -> str:
+    return f"{GC_LEASES}/"
+
+
+@dataclass(frozen=True)
+class LayoutKey:
+    """What a key of the store is, by its name alone: ``kind`` one of ``object``, ``manifest``,
+    ``latest``, ``used``, ``location``, ``model`` (the model index), ``lease``; ``variant_key`` (or
+    an object's digest)."""
+
+    kind: str
+    name: str  # the variant key, or an object's digest; "" for a lease
+
+
+def layout_key(key: str) -> LayoutKey | None:
+    """What the layout names ``key`` (None: not a key of the layout, which gc never deletes)."""
+    if match := _OBJECT_KEY.fullmatch(key):
+        return LayoutKey("object", match.group(2)) if match.group(2).startswith(match.group(1)) else None
+    if match := _VARIANT_RECORD.fullmatch(key):
+        kind = match.group(2) if match.group(2) in (LATEST, USED) else "manifest"
+        return LayoutKey(kind, match.group(1))
+    if _LEASE_KEY.fullmatch(key):
+        return LayoutKey("lease", "")
+    head, _, tail = key.partition("/")
+    location, _, name = tail.rpartition("/")
+    if head == MODELS and _HEX64.fullmatch(location) and _HEX64.fullmatch(name):
+        return LayoutKey("model", name)
+    if head == LOCATIONS and _HEX64.fullmatch(name):
+        try:
+            _check_location(location)
+        except ManifestError:
+            return None
+        return LayoutKey("location", name)
+    return None
 
 
 def location_key(location: str, variant_key: str) -> str:

@@ -29,6 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +56,15 @@ class ObjectMissing(StoreIntegrityError):
     """A key the caller needs is not in the store."""
 
 
+@dataclass(frozen=True)
+class StoredKey:
+    """One key as a listing shows it: its size, and when the store last wrote it (seconds, the
+    store's clock)."""
+
+    size: int
+    modified: float
+
+
 class Store(Protocol):
     """A flat key space of immutable blobs (keys as :mod:`.store_layout` makes them)."""
 
@@ -63,6 +73,10 @@ class Store(Protocol):
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
         """Every key under ``prefix`` with its size."""
+        ...
+
+    def list_keys(self, prefix: str) -> dict[str, StoredKey]:
+        """Every key under ``prefix`` with its size and when it was written (what gc plans from)."""
         ...
 
     def size(self, key: str) -> int | None:
@@ -85,6 +99,10 @@ class Store(Protocol):
     def upload(self, key: str, parts: Iterable[bytes], size: int, *, exclusive: bool = True) -> bool:
         """Store ``parts`` as ``key``, published only once every part was taken without error;
         False when ``exclusive`` and the key exists already (its bytes are then left alone)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (gc only, by the rule of :mod:`.store_layout`); an absent key is no error."""
         ...
 
 
@@ -113,15 +131,27 @@ class DirectoryStore:
         return self.root / key
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
-        found: dict[str, int] = {}
+        return {key: stored.size for key, stored in self.list_keys(prefix).items()}
+
+    def list_keys(self, prefix: str) -> dict[str, StoredKey]:
+        found: dict[str, StoredKey] = {}
         for directory, _, names in os.walk(self._path(prefix)):
             for name in names:
                 if is_temp_path(Path(name)):
                     continue
                 path = Path(directory, name)
                 with contextlib.suppress(OSError):
-                    found[path.relative_to(self.root).as_posix()] = path.stat().st_size
+                    info = path.lstat()
+                    found[path.relative_to(self.root).as_posix()] = StoredKey(info.st_size, info.st_mtime)
         return found
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise StoreUnavailable(f"{self.url}: cannot delete {key} ({error.strerror})") from None
 
     def size(self, key: str) -> int | None:
         try:
@@ -216,6 +246,12 @@ class HttpStore:
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
         raise StoreUnavailable(f"{self.url}: an HTTP mirror cannot be listed")
+
+    def list_keys(self, prefix: str) -> dict[str, StoredKey]:
+        raise StoreUnavailable(f"{self.url}: an HTTP mirror cannot be listed")
+
+    def delete(self, key: str) -> None:
+        raise StoreUnavailable(f"{self.url}: an HTTP mirror is read-only (gc the directory it serves)")
 
     def size(self, key: str) -> int | None:
         response = self._open(key, "HEAD")
