@@ -135,12 +135,14 @@ def _pieces(store: Store, digest: str, start: int, size: int, part: Path) -> Ite
 
     def fetch(first: int) -> bytearray:
         end = min(first + RANGE_BYTES, size)
-        data = bytearray()
+        data = bytearray(end - first)  # filled in place: no regrowing copies
+        filled = 0
         for chunk in store.read(key, start=first, end=end):
-            data += chunk
-            if len(data) > end - first:
-                raise _mismatch(part, store, digest, f"answered more than the {end - first:,} bytes asked at {first:,}")
-        if len(data) != end - first:
+            if filled + len(chunk) > len(data):
+                raise _mismatch(part, store, digest, f"answered more than the {len(data):,} bytes asked at {first:,}")
+            data[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        if filled != len(data):
             raise _mismatch(part, store, digest, f"is shorter than the manifest's {size:,} bytes")
         return data
 
