@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -50,17 +50,26 @@ from models.common.weight_cache.marker import (
     marker_json,
     named_generation,
 )
-from models.common.weight_cache.stamps import hash_stamped, settle_wait
+from models.common.weight_cache.stamps import hash_stamped, settle_wait, stamped_as_written
 from models.common.weight_cache.usage import touch_last_used
 
 
-def seal_files(root: Path, relatives: Sequence[str], prefix: str = "") -> tuple[tuple[FileRecord, ...], int]:
+def seal_files(root: Path, relatives: Sequence[str], prefix: str = "",
+               written: Mapping[str, str] | None = None) -> tuple[tuple[FileRecord, ...], int]:
     """Hash and stamp every file (several at once) once the newest has settled; returns the
     records (paths ``prefix + relative``) and the earliest moment a hash began (the marker's
-    ``verified_ns``). A missing file raises ``OSError``."""
+    ``verified_ns``). A missing file raises ``OSError``. ``written`` (relative path -> digest):
+    files hashed as they were written into ``root``, stamped without being read again."""
     files = [root / relative for relative in relatives]
     settle_wait(files)
-    hashed = map_largest_first(hash_stamped, files, [file.stat().st_size for file in files])
+    written = written or {}
+
+    def seal(relative: str) -> tuple:
+        if relative in written:
+            return stamped_as_written(root / relative, written[relative])
+        return hash_stamped(root / relative)
+
+    hashed = map_largest_first(seal, list(relatives), [file.stat().st_size for file in files])
     records = tuple(FileRecord(prefix + relative, stamp.size, digest, stamp)
                     for relative, (stamp, digest, _) in zip(relatives, hashed))
     return records, min((verified for _, _, verified in hashed), default=0)
@@ -112,18 +121,22 @@ class BuildTransaction:
         return self.generation.path
 
     def commit(self, marker: WeightCacheMarker, files: Sequence[str], host_sidecar: str | None = None, *,
-               expected: Mapping[str, str] | None = None) -> WeightCacheMarker:
+               expected: Mapping[str, str] | None = None, hashed_as_written: Collection[str] = ()) -> WeightCacheMarker:
         """Seal ``files`` (and the sidecar; paths relative to the generation), publish the marker
         and retire what it replaced. Returns the marker as published.
 
         ``expected`` (relative path -> digest: files copied from elsewhere, a pull's) must be what
-        the seal hashes, or nothing is published (:class:`WeightCacheError`; the generation goes)."""
+        the seal hashes, or nothing is published (:class:`WeightCacheError`; the generation goes).
+        ``hashed_as_written``: paths whose ``expected`` digest the caller computed from the bytes
+        as it wrote them into the generation (and checked there): stamped, not hashed again."""
         generation = self.generation
         if generation is None:
             raise RuntimeError("commit() before open_generation()")
         prefix = f"{generation.name}/"
         start = time.perf_counter()
-        records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix)
+        written = {path: expected[path] for path in hashed_as_written} if expected is not None else {}
+        records, verified_ns = seal_files(generation.path, [*files, *([host_sidecar] if host_sidecar else [])], prefix,
+                                          written)
         sealed_at = time.perf_counter()
         for record in records if expected is not None else ():
             if expected.get(record.path.removeprefix(prefix)) != record.digest:

@@ -159,6 +159,19 @@ def hash_stamped(path: str | os.PathLike, algorithm: str = CONTENT_DIGEST_ALGORI
         os.close(fd)
 
 
+def stamped_as_written(path: str | os.PathLike, digest: str) -> tuple[FileStamp, str, int]:
+    """(stamp, digest, verified_ns) of a file whose ``digest`` this process computed from the bytes
+    as it wrote them (a pull's objects, in its own generation under the build lock): stamped now,
+    not read a second time. The stamp is taken after the caller's :func:`settle_wait`, so it is
+    the state the digest describes."""
+    verified_ns = time.time_ns()
+    fd = open_regular(path)
+    try:
+        return FileStamp.of(os.fstat(fd)), digest, verified_ns
+    finally:
+        os.close(fd)
+
+
 def settle_wait(paths: Iterable[Path]) -> None:
     """Sleep until the newest of ``paths`` has settled, if that is a short wait (a build's last
     files, on a fine-clock file system): then one hash vouches for all of them."""

@@ -261,6 +261,25 @@ def test_a_build_given_other_bytes_than_expected_publishes_nothing(built_variant
     _no_pulled_debris(paths.cache_dir)
 
 
+def _bytes_read() -> int:
+    """What this process read through read(2) and its kind so far (``rchar``: page cache included)."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+
+def test_a_pull_reads_each_object_once_the_seal_stamps_what_it_hashed_as_written(built_variant, tmp_path):
+    mirror = tmp_path / "mirror"
+    (pushed,) = push_cache_dir(built_variant.cache_dir, open_store(str(mirror), create=True))
+    store = open_store(str(mirror))
+    _, manifest = trusted_manifest(store, pushed.variant_key)
+    pull_variant(store, manifest, tmp_path / "first")  # imports and first-use reads out of the count
+    before = _bytes_read()
+    result = pull_variant(store, manifest, tmp_path / "second")
+    read = _bytes_read() - before
+    assert result.warm and result.bytes_fetched == manifest.total_bytes
+    assert manifest.total_bytes <= read < 1.5 * manifest.total_bytes, (read, manifest.total_bytes)
+    assert verify_weight_cache(result.cache_dir, manifest.marker.build_variant) == []  # the stamps vouch for it
+
+
 def test_pull_by_manifest_from_the_store_or_a_file(built_variant, s3_url, tmp_path, capsys, cli_in_process):
     from models.tt_cache.cli import main
 

@@ -16,7 +16,7 @@ import pytest
 from models.common.weight_cache.remote.s3 import S3Store
 from models.common.weight_cache.remote.store_layout import object_key
 from models.common.weight_cache.remote.stores import DirectoryStore, HttpStore, ObjectMissing, StoreUnavailable
-from models.common.weight_cache.remote.transfer import DigestMismatch, fetch_object, verified_parts
+from models.common.weight_cache.remote.transfer import RANGE_BYTES, DigestMismatch, fetch_object, verified_parts
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import SECRET_KEY, free_ports, serve_directory
 
@@ -142,3 +142,34 @@ def test_a_download_resumes_with_a_range_request_and_checks_the_whole_object(tmp
             stream.write(b"\1")
         _, fetched = fetch_object(HttpStore(http.url), digest, 2 * MiB + 11, staging)
         assert fetched == 2 * MiB + 11 and (staging / digest).read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("backend", ["http", "s3", "directory"])
+def test_a_large_object_comes_as_ranged_reads_in_order_and_resumes_from_its_prefix(backend, request, tmp_path):
+    """More than two ranges left: ranged reads, several in flight, hashed and written in order;
+    a resume asks only for the rest, and a range the store answers wrongly keeps nothing."""
+    size = 2 * RANGE_BYTES + 3 * MiB + 7
+    root = tmp_path / "mirror"
+    source, digest = _file(tmp_path / "blob", size, seed=5)
+    data = source.read_bytes()
+    store = open_store(request.getfixturevalue("s3_url")) if backend == "s3" else DirectoryStore(root, create=True)
+    store.upload(object_key(digest), verified_parts(source, digest, size), size)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / f"{digest}.part").write_bytes(data[:MiB])  # what a killed pull had fetched
+    with serve_directory(root) as http:
+        reader = HttpStore(http.url) if backend == "http" else store
+        staged, fetched = fetch_object(reader, digest, size, staging)
+        assert fetched == size - MiB and staged.read_bytes() == data
+        if backend == "http":
+            asked = sorted((wanted for path, wanted in http.ranges if path == f"/{object_key(digest)}"),
+                           key=lambda wanted: int(wanted[6:].partition("-")[0]))  # in flight together: any order
+            assert asked == [f"bytes={first}-{min(first + RANGE_BYTES, size) - 1}" for first in range(MiB, size, RANGE_BYTES)]
+        if backend == "directory":  # one range's bytes wrong in the store: refused, nothing kept
+            staged.unlink()
+            damaged = bytearray(data)
+            damaged[RANGE_BYTES + 5] ^= 0xFF
+            (root / object_key(digest)).write_bytes(damaged)
+            with pytest.raises(DigestMismatch):
+                fetch_object(reader, digest, size, staging)
+            assert os.listdir(staging) == []

@@ -10,7 +10,9 @@ transaction, so a pulled cache is exactly as trustworthy as a built one.
         fetch every object into .pulled-objects/       (each hashed as written, checked against its
                                                         name, fsynced; kept there across a kill)
         link each file into a new generation; drop the staged names
-        build.commit(marker, files, expected=digests)  (sealed, fsynced, the marker last)
+        build.commit(marker, files, expected=digests)  (stamped: the linked files are the bytes
+                                                        hashed as written, not read again; the
+                                                        marker last)
     record the pull in the store (the variant's ``used``, gc's recency; best effort)
 
 A pull killed anywhere leaves no marker: the next build or pull removes its generation, and the
@@ -248,9 +250,9 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
             if progress is not None:
                 progress.finish()
         root = build.open_generation()
-        placed = [_place(staged_path(paths.pulled_objects, record.digest), root / record.path)
-                  for record in marker.all_files()]
-        fsync_dirs({path.parent for path in placed} | {root})
+        linked = [record.path for record in marker.all_files()
+                  if _place(staged_path(paths.pulled_objects, record.digest), root / record.path)]
+        fsync_dirs({(root / record.path).parent for record in marker.all_files()} | {root})
         for digest in objects:  # before the seal: unlinking a name changes the file's ctime, its stamp
             with contextlib.suppress(FileNotFoundError):
                 staged_path(paths.pulled_objects, digest).unlink()
@@ -259,18 +261,21 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
         try:
             build.commit(marker, [record.path for record in marker.files],
                          marker.host_sidecar.path if marker.host_sidecar else None,
-                         expected={record.path: record.digest for record in marker.all_files()})
+                         expected={record.path: record.digest for record in marker.all_files()},
+                         hashed_as_written=linked)
         except WeightCacheError as error:
             raise StoreIntegrityError(f"{cache_dir}: {error}") from None
     return fetched
 
 
-def _place(staged: Path, destination: Path) -> Path:
-    """A verified object at its path in the generation: a hard link (no copy), else a copy."""
+def _place(staged: Path, destination: Path) -> bool:
+    """A verified object at its path in the generation: a hard link (True: the very bytes this
+    pull hashed, so the seal need not read them again), else a copy (False: the seal hashes it)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(staged, destination)
+        return True
     except OSError:  # a file system without hard links
         shutil.copyfile(staged, destination)
         fsync_file(destination)
-    return destination
+        return False

@@ -126,8 +126,8 @@ class S3Store:
         except ObjectMissing:
             return None
 
-    def read(self, key: str, start: int = 0) -> Iterator[bytes]:
-        extra = {"Range": f"bytes={start}-"} if start else {}
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
         try:
             with self._errors(key):
                 body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)["Body"]

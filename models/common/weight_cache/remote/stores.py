@@ -83,8 +83,9 @@ class Store(Protocol):
         """The size of ``key``, or None when it is absent."""
         ...
 
-    def read(self, key: str, start: int = 0) -> Iterator[bytes]:
-        """``key``'s bytes from offset ``start`` on, in chunks; raises :class:`ObjectMissing`."""
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """``key``'s bytes from offset ``start`` on (up to ``end``, exclusive, when given: a ranged
+        read), in chunks; raises :class:`ObjectMissing`."""
         ...
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
@@ -159,7 +160,7 @@ class DirectoryStore:
         except FileNotFoundError:
             return None
 
-    def read(self, key: str, start: int = 0) -> Iterator[bytes]:
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         try:
             stream = open(self._path(key), "rb")  # noqa: SIM115 - closed by the generator
         except FileNotFoundError:
@@ -168,7 +169,9 @@ class DirectoryStore:
             raise StoreUnavailable(f"{self.url}: cannot read {key} ({error.strerror})") from None
         with stream:
             stream.seek(start)
-            while chunk := stream.read(READ_CHUNK):
+            left = -1 if end is None else end - start
+            while left and (chunk := stream.read(READ_CHUNK if left < 0 else min(READ_CHUNK, left))):
+                left -= len(chunk) if left > 0 else 0
                 yield chunk
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
@@ -227,10 +230,10 @@ class HttpStore:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
 
-    def _open(self, key: str, method: str = "GET", start: int = 0):
+    def _open(self, key: str, method: str = "GET", start: int = 0, end: int | None = None):
         request = urllib.request.Request(f"{self.url}/{urllib.parse.quote(key)}", method=method)
-        if start:
-            request.add_header("Range", f"bytes={start}-")
+        if start or end is not None:
+            request.add_header("Range", f"bytes={start}-{'' if end is None else end - 1}")
         try:
             return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)  # noqa: S310 - http(s) only
         except urllib.error.HTTPError as error:
@@ -261,18 +264,23 @@ class HttpStore:
             length = response.headers.get("Content-Length")
         return int(length) if length is not None and length.isdigit() else None
 
-    def read(self, key: str, start: int = 0) -> Iterator[bytes]:
-        response = self._open(key, start=start)
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        response = self._open(key, start=start, end=end)
         if response is None:
             if start and self.size(key) == start:
                 return  # a resumed download that already has every byte
             raise ObjectMissing(f"{self.url}: {key} is missing")
         with response:
-            skip = start if start and response.status != 206 else 0  # a server that ignores Range: skip ahead
-            while chunk := self._chunk(response, key):
+            ranged = response.status == 206
+            skip = start if start and not ranged else 0  # a server that ignores Range: skip ahead
+            left = -1 if end is None or ranged else end - start  # ... and stop at the range's end
+            while left and (chunk := self._chunk(response, key)):
                 if skip:
                     dropped = min(skip, len(chunk))
                     chunk, skip = chunk[dropped:], skip - dropped
+                if left > 0:
+                    chunk = chunk[:left]
+                    left -= len(chunk)
                 if chunk:
                     yield chunk
 

@@ -9,6 +9,11 @@ is now, not as the marker remembers it: a cache file changed since its build is 
 
 Each download strategy is one function, read top to bottom (after huggingface_hub's
 ``_download_to_tmp_and_move``).
+
+**Large objects in ranges**: one stream per object left the largest (an embedding, 1 GB) alone at
+the end of a pull, on one connection. An object of more than two :data:`RANGE_BYTES` is fetched as
+ranged reads, :data:`RANGE_THREADS` in flight; the ranges are hashed and written in order as they
+arrive, so the part file is always a hashed prefix (a kill resumes from it, as from one stream).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -28,6 +34,8 @@ from models.common.weight_cache.remote.store_layout import object_key
 from models.common.weight_cache.remote.stores import Store, StoreIntegrityError
 
 PART_SUFFIX = ".part"
+RANGE_BYTES = 16 << 20  # one ranged read of a large object
+RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 1 ranges per object)
 _STAGED_NAME = re.compile(r"[0-9a-f]{64}(?:\.part)?")
 T = TypeVar("T")
 
@@ -99,7 +107,7 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
         os.ftruncate(fd, have)  # a torn tail beyond what was hashed is dropped
         os.lseek(fd, have, os.SEEK_SET)
         fetched = 0
-        for chunk in store.read(object_key(digest), start=have) if have < size else ():
+        for chunk in _pieces(store, digest, have, size, part):
             if have + fetched + len(chunk) > size:
                 raise _mismatch(part, store, digest, f"is longer than the manifest's {size:,} bytes")
             hasher.update(chunk)
@@ -115,6 +123,41 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
     os.replace(part, final)
     fsync_dir(staging)
     return final, fetched
+
+
+def _pieces(store: Store, digest: str, start: int, size: int, part: Path) -> Iterator[bytes | bytearray]:
+    """The object's bytes from ``start`` on, in order: one stream, or (more than two ranges left)
+    ranged reads, :data:`RANGE_THREADS` in flight, each range yielded whole once it arrived."""
+    key = object_key(digest)
+    if size - start <= 2 * RANGE_BYTES:
+        yield from store.read(key, start=start) if start < size else ()
+        return
+
+    def fetch(first: int) -> bytearray:
+        end = min(first + RANGE_BYTES, size)
+        data = bytearray(end - first)  # filled in place: no regrowing copies
+        filled = 0
+        for chunk in store.read(key, start=first, end=end):
+            if filled + len(chunk) > len(data):
+                raise _mismatch(part, store, digest, f"answered more than the {len(data):,} bytes asked at {first:,}")
+            data[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        if filled != len(data):
+            raise _mismatch(part, store, digest, f"is shorter than the manifest's {size:,} bytes")
+        return data
+
+    firsts = iter(range(start, size, RANGE_BYTES))
+    with ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="range") as pool:
+        pending = deque(pool.submit(fetch, first) for _, first in zip(range(RANGE_THREADS + 1), firsts))
+        try:
+            while pending:
+                data = pending.popleft().result()
+                if (first := next(firsts, None)) is not None:
+                    pending.append(pool.submit(fetch, first))
+                yield data
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _hash_prefix(fd: int, hasher: blake3.blake3, size: int) -> int:

@@ -1,0 +1,207 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The shared store against ``s5cmd``, side by side in one run, on one SeaweedFS S3 server on loopback.
+
+    python scripts/bench_remote.py                                # Qwen2.5-Coder-0.5B, Llama-3.1-8B-shaped
+    python scripts/bench_remote.py --cases llama-3.1-70b          # 7 GB (2 layers), if time allows
+
+Each case is a bfloat8_b N150 variant built cold from its checkpoint here (the real Qwen2.5-Coder-0.5B,
+prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint of a model's shapes from
+``models.testing.model_shapes``), then, ``--repeat`` rounds each, alternating:
+
+* **push**: ``push_cache_dir`` (every object hashed as read, checked against its name) against
+  ``s5cmd cp 'DIR/*' s3://...`` of the same variant dir to the same server (empty prefixes each round);
+* **pull**: ``pull_variant`` into an empty root (each object hashed as written and checked, made
+  durable, the marker last) against ``s5cmd cp`` back followed by ``sync`` (the same durability);
+  the page cache is dropped before each pull when this runs as root;
+* **a second push** of the unchanged variant: the bytes it sends (none) and its time;
+* **a new machine to a warm start**: ``tt-cache pull`` then a warm ``load()``, each a fresh process,
+  against the cold build from the checkpoint (a fresh process); page cache dropped before each.
+
+Throughput is MiB of the variant per second (the median round); a ratio is ours over s5cmd's (the
+target: >= 0.9). The machine's load average is recorded: other work on it moves every figure.
+Writes ``docs/bench_remote.json`` and ``.png``; deletes everything it made under ``--workdir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+from _bench_output import Panel, figure, write_json  # noqa: E402
+
+from models.testing.object_store import start_seaweed, stop_seaweed  # noqa: E402
+
+MIB = 1 << 20
+REAL = {"qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B"}
+
+
+def drop_caches() -> bool:
+    """Write back, then drop the page cache (root only): every pull starts from the disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+        return True
+    except OSError:
+        return False
+
+
+def checkpoint_of(case: str, workdir: Path, layers: int) -> tuple[Path, bool]:
+    """(checkpoint dir, made here: delete it after)."""
+    if case in REAL:
+        from models.demos.real_models.prepare import prepare_model
+
+        return Path(prepare_model(case)), False
+    from models.testing.model_shapes import make_shaped_checkpoint
+
+    return Path(make_shaped_checkpoint(workdir / case, case, layers)), True
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", **extra)
+    for name in ("TT_TRANSFORMERS_FORCE_MODEL_LOAD", "TT_CONVERT_WORKERS"):
+        env.pop(name, None)
+    return env
+
+
+def load_process(checkpoint: Path, precision: str, cache_root: Path) -> dict:
+    """A ``load()`` in a fresh process (``models.testing.seed_child``): its report and wall seconds."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "models.testing.seed_child", "load", str(checkpoint), precision,
+                           str(cache_root), "1x1"], cwd=REPO, env=child_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"load failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(lines[-1].split(" ", 1)[1]), "wall": wall}
+
+
+def s5cmd(server, *args: str) -> float:
+    binary = Path(sys.executable).parent / "s5cmd"
+    start = time.perf_counter()
+    subprocess.run([str(binary if binary.exists() else "s5cmd"), "--endpoint-url", server.endpoint, *args],
+                   env=server.client_env(), check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
+    from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest
+    from models.common.weight_cache.remote.push import push_cache_dir
+    from models.common.weight_cache.remote.s3 import S3Store
+
+    work = opts.workdir / case
+    checkpoint, made = checkpoint_of(case, opts.workdir, opts.layers)
+    drop_caches()
+    cold = load_process(checkpoint, opts.precision, work / "built")
+    (marker,) = (work / "built").rglob(".weights_complete.*")
+    variant = marker.parent
+    mib = sum(f.stat().st_size for f in variant.rglob("*") if f.is_file()) / MIB
+    print(f"{case}: variant {mib:,.0f} MiB, cold build process {cold['wall']:.1f} s", flush=True)
+    rounds: dict[str, list[float]] = {"push": [], "s5cmd push": [], "pull": [], "s5cmd pull + sync": []}
+    for index in range(opts.repeat):
+        store = S3Store(server.bucket, f"{case}/ours-{index}")
+        start = time.perf_counter()
+        (pushed,) = push_cache_dir(variant, store)
+        rounds["push"].append(time.perf_counter() - start)
+        rounds["s5cmd push"].append(s5cmd(server, "cp", f"{variant}/*", f"s3://{server.bucket}/{case}/s5-{index}/"))
+        drop_caches()
+        start = time.perf_counter()
+        _, manifest = trusted_manifest(store, pushed.variant_key)
+        pulled = pull_variant(store, manifest, work / f"pulled-{index}")
+        rounds["pull"].append(time.perf_counter() - start)
+        assert pulled.warm and pulled.objects_fetched == pulled.objects, pulled.summary()
+        shutil.rmtree(work / f"pulled-{index}")
+        drop_caches()
+        start = time.perf_counter()
+        s5cmd(server, "cp", f"s3://{server.bucket}/{case}/s5-{index}/*", f"{work / 's5-pulled'}/")
+        os.sync()
+        rounds["s5cmd pull + sync"].append(time.perf_counter() - start)
+        shutil.rmtree(work / "s5-pulled")
+        print(f"  round {index + 1}: " + ", ".join(f"{name} {times[-1]:.2f} s" for name, times in rounds.items())
+              + f" (load {os.getloadavg()[0]:.1f})", flush=True)
+    start = time.perf_counter()
+    (again,) = push_cache_dir(variant, store)
+    second = {"seconds": time.perf_counter() - start, "bytes_sent": again.bytes_sent, "objects_sent": again.objects_sent}
+    # a new machine: an empty cache root, nothing in the page cache, fresh processes
+    drop_caches()
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "models.tt_cache.cli", "pull", "--from", store.url, pushed.variant_key,
+                    "--cache-root", str(work / "new-machine")], cwd=REPO, env=child_env(**server.client_env({})),
+                   check=True, capture_output=True)
+    pull_wall = time.perf_counter() - start
+    warm = load_process(checkpoint, opts.precision, work / "new-machine")
+    assert warm["warm_before"], "the pulled variant did not start warm"
+    median = {name: statistics.median(times) for name, times in rounds.items()}
+    shutil.rmtree(work, ignore_errors=True)
+    if made:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return {"case": case, "variant_mib": mib, "objects": pushed.objects, "rounds": rounds, "median": median,
+            "push_ratio": median["s5cmd push"] / median["push"], "pull_ratio": median["s5cmd pull + sync"] / median["pull"],
+            "second_push": second, "cold_build_wall": cold["wall"], "cold_build_seconds": cold["seconds"],
+            "new_machine": {"pull_wall": pull_wall, "warm_load_wall": warm["wall"], "warm_load_seconds": warm["seconds"],
+                            "total": pull_wall + warm["wall"]}}
+
+
+def print_table(rows: list[dict], precision: str) -> None:
+    print(f"\n### Shared store vs s5cmd ({precision}, N150; SeaweedFS on loopback; {os.cpu_count()} cores; median round)")
+    print("| case | variant | push / s5cmd cp (MiB/s) | ratio | pull / s5cmd cp + sync (MiB/s) | ratio | "
+          "second push (sent, s) | new machine: pull + warm load / cold build (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        m, new = r["median"], r["new_machine"]
+        mib = r["variant_mib"]
+        print(f"| {r['case']} | {mib:,.0f} MiB, {r['objects']} objects | {mib / m['push']:.0f} / {mib / m['s5cmd push']:.0f} | "
+              f"{r['push_ratio']:.2f}x | {mib / m['pull']:.0f} / {mib / m['s5cmd pull + sync']:.0f} | {r['pull_ratio']:.2f}x | "
+              f"{r['second_push']['bytes_sent']} B, {r['second_push']['seconds']:.2f} s | "
+              f"{new['pull_wall']:.1f} + {new['warm_load_wall']:.1f} = {new['total']:.1f} / {r['cold_build_wall']:.1f} |")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    throughput = {r["case"]: {name: r["variant_mib"] / seconds for name, seconds in r["median"].items()} for r in rows}
+    start = {r["case"]: {"cold build (process)": r["cold_build_wall"], "tt-cache pull (process)": r["new_machine"]["pull_wall"],
+                         "then warm load (process)": r["new_machine"]["warm_load_wall"]} for r in rows}
+    figure(path, [
+        Panel("bars", throughput, title="push and pull vs s5cmd (SeaweedFS, loopback)", ylabel="MiB/s of the variant"),
+        Panel("bars", start, title="a new machine: pull + warm load vs cold build", ylabel="seconds (wall)"),
+    ])
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=["qwen2.5-coder-0.5b", "llama-3.1-8b"],
+                        help="qwen2.5-coder-0.5b (real) or a shape of models.testing.model_shapes (llama-3.1-70b: 7 GB)")
+    parser.add_argument("--precision", default="bfloat8_b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-remote"))
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_remote.json")
+    opts = parser.parse_args()
+    if opts.workdir.exists():
+        raise SystemExit(f"bench_remote: {opts.workdir} exists; remove it or pass another --workdir")
+    load_before = os.getloadavg()
+    server = start_seaweed(opts.workdir / "seaweed")
+    os.environ.update(server.client_env())  # this process's own push and pull: the test server's key pair
+    rows = []
+    try:
+        for case in opts.cases:
+            rows.append(bench_case(case, server, opts))
+    finally:
+        stop_seaweed(server)
+        shutil.rmtree(opts.workdir, ignore_errors=True)
+    print_table(rows, opts.precision)
+    write_json(opts.out, {"precision": opts.precision, "mesh": "1x1 (N150)", "root": os.geteuid() == 0,
+                          "load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": rows})
+    plot(rows, opts.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
