@@ -67,8 +67,9 @@ class CaseResult:
 
     @property
     def seconds_saved(self) -> float:
-        """A warm hit saves the cold build its marker recorded, less the time the check took."""
-        if self.outcome != WARM or self.build_seconds is None:
+        """A warm hit (or a variant pulled from the shared store) saves the cold build its marker
+        recorded, less the time the check (or the pull) took."""
+        if self.outcome not in (WARM, PULLED) or self.build_seconds is None:
             return 0.0
         return max(0.0, self.build_seconds - self.seconds)
 

@@ -1,27 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A CI runner without the shared mount: ``tt-cache seed --plan`` with ``$TT_CACHE_REMOTE`` on a real
-S3 server. The first seed (a fresh cache root) builds cold and pushes (a store miss), the second
-(another fresh root) pulls and builds nothing (a hit); the job summary and the JSON report show
-both. A push that fails leaves the build warm here, with one warning."""
+"""A CI runner without the shared mount: the workflow's store job's seed step (``tt-cache seed --plan``
+with ``$TT_CACHE_REMOTE``), run by bash against a real S3 server. The first seed (a fresh cache root)
+builds cold and pushes (a store miss), the second (another fresh root) pulls and builds nothing (a
+hit); the job summary and the JSON report show both. A push that fails leaves the build warm here,
+with one warning; a cold load pushes only when asked."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from loguru import logger
 
 from models.common.weight_cache.marker import iter_markers
 from models.common.weight_cache.remote.after_build import recording
 from models.common.weight_cache.remote.pull import trusted_manifest
 from models.common.weight_cache.remote.urls import open_store
+from models.testing import REPO_ROOT
 from models.testing.object_store import free_ports
 from models.testing.tiny_models import make_checkpoint
 from models.testing.tt_cache import cli_env, tt_cache
 
 PUSH_FAILED = "built and warm here, but pushing it to"
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "warm-cache.yaml"
+STEP_GIVES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")  # the step's own env
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +36,56 @@ def tiny_llama(tmp_path_factory) -> Path:
     return make_checkpoint("llama", tmp_path_factory.mktemp("seed-store") / "tiny-llama")
 
 
-def _seed(tiny_llama: Path, root: Path, seaweed, url: str, **extra: str):
-    """One ``tt-cache seed`` of the tiny llama (N150, bfloat16) into the fresh cache root ``root``,
-    as the workflow's store job runs it; returns (run, JSON report, summary, outputs)."""
-    root.mkdir()
-    plan = root / "plan.yaml"
-    plan.write_text(json.dumps({"models": [{"model": str(tiny_llama), "meshes": ["N150"], "precisions": ["bfloat16"]}]}))
-    env = seaweed.client_env(cli_env(root / "cache"), TT_CACHE_REMOTE=url, TT_CACHE_REMOTE_PUSH="1",
-                             GITHUB_STEP_SUMMARY=str(root / "summary.md"), GITHUB_OUTPUT=str(root / "output"), **extra)
+def _store_step() -> tuple[dict, dict, dict]:
+    """(workflow env, job env, step) of the workflow's store job's seed step."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    job = workflow["jobs"]["seed-store"]
+    (step,) = [step for step in job["steps"] if step.get("id") == "seed"]
+    return workflow["env"], job["env"], step
+
+
+def _resolved(env: dict[str, str], expressions: dict[str, str]) -> dict[str, str]:
+    """``env`` with each ``${{ expression }}`` as GitHub would give it here (an unknown one fails)."""
+    def value(text: str) -> str:
+        match = re.fullmatch(r"\$\{\{ (.+) \}\}", text)
+        return expressions[match[1]] if match else text
+
+    return {name: value(str(text)) for name, text in env.items()}
+
+
+def _seed(tiny_llama: Path, root: Path, seaweed, url: str):
+    """The workflow's store seed step, run by bash as the runner runs it (the repository's plan file
+    a one-variant plan of the tiny llama, the job's cache dir the fresh root ``root``, its secrets
+    the test server's key pair); returns (run, JSON report, summary, outputs)."""
+    workspace = root / "workspace"
+    (workspace / ".github").mkdir(parents=True)
+    (workspace / ".venv").symlink_to(sys.prefix)  # the step activates the runner's environment
+    plan = {"models": [{"model": str(tiny_llama), "meshes": ["N150"], "precisions": ["bfloat16"]}]}
+    workflow_env, job_env, step = _store_step()
+    (workspace / workflow_env["PLAN"]).write_text(json.dumps(plan))
+    server = seaweed.client_env({})
+    env = _resolved({**workflow_env, **job_env, **step["env"]}, {
+        "inputs.cache-store || vars.TT_CACHE_REMOTE": url, "inputs.stall-timeout || '900'": "900",
+        "secrets.TT_CACHE_AWS_ACCESS_KEY_ID": server["AWS_ACCESS_KEY_ID"],
+        "secrets.TT_CACHE_AWS_SECRET_ACCESS_KEY": server["AWS_SECRET_ACCESS_KEY"],
+        "vars.TT_CACHE_AWS_ENDPOINT_URL": server["AWS_ENDPOINT_URL"], "vars.TT_CACHE_AWS_REGION || 'us-east-1'": "us-east-1"})
+    isolated = {name: value for name, value in server.items() if name not in STEP_GIVES}  # no ~/.aws, no IMDS
+    env = {**{name: value for name, value in cli_env().items() if not name.startswith("AWS_")}, **isolated, **env,
+           "TT_CACHE_PATH": str(root / "cache"), "GITHUB_STEP_SUMMARY": str(root / "summary.md"),
+           "GITHUB_OUTPUT": str(root / "output")}
     env.pop("LOGURU_LEVEL", None)
-    run = tt_cache("seed", "--plan", str(plan), "--report", str(root / "seed.json"), env=env)
+    run = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=workspace, env=env, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     outputs = dict(line.split("=", 1) for line in (root / "output").read_text().splitlines())
-    return run, json.loads((root / "seed.json").read_text()), (root / "summary.md").read_text(), outputs
+    report = json.loads((workspace / "reports" / "seed-store.json").read_text())
+    return run, report, (root / "summary.md").read_text(), outputs
+
+
+def _check(root: Path) -> subprocess.CompletedProcess:
+    """``seed --check`` of the step's plan in the step's cache: is it warm by the local gate."""
+    return tt_cache("seed", "--plan", str(root / "workspace" / ".github" / "warm-cache-plan.yaml"), "--check",
+                    env=cli_env(root / "cache"))
 
 
 def _store_row(summary: str) -> re.Match:
@@ -71,8 +115,7 @@ def test_the_first_seed_builds_and_pushes_the_second_pulls_and_builds_nothing(ti
     assert (outputs["built"], outputs["pulled"], outputs["bytes-pulled"]) == ("0", "1", str(pushed))
     assert "Shared store: 1 hit(s), 0 miss(es)" in summary and "| pulled |" in summary, summary
     assert _store_row(summary)[2] == "hit" and _store_row(summary)[4] == "0 B", summary
-    check = tt_cache("seed", "--plan", str(tmp_path / "second" / "plan.yaml"), "--check",
-                     env=cli_env(tmp_path / "second" / "cache"))
+    check = _check(tmp_path / "second")
     assert check.returncode == 0, check.stderr[-2000:]  # what was pulled is warm by the local gate
 
 
@@ -84,8 +127,7 @@ def test_a_push_to_a_bucket_that_does_not_exist_warns_once_and_the_build_stays_w
     assert "no-such-bucket" in case["reason"]
     assert len([line for line in run.stderr.splitlines() if PUSH_FAILED in line]) == 1, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
-    check = tt_cache("seed", "--plan", str(tmp_path / "seed" / "plan.yaml"), "--check",
-                     env=cli_env(tmp_path / "seed" / "cache"))
+    check = _check(tmp_path / "seed")
     assert check.returncode == 0, check.stderr[-2000:]
 
 
