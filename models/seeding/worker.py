@@ -2,8 +2,8 @@
 """One seed in its own process: ``python -m models.seeding.worker SPEC_JSON PROGRESS_FD``.
 
 Started by :func:`models.seeding.runner.run_worker`; reports progress and, last, one ``result``
-event on the pipe ``PROGRESS_FD`` (stdout is free for ttnn's own logging), with what the seed
-pulled from or pushed to the shared store (:class:`~models.common.weight_cache.remote.after_build.StoreLedger`)."""
+event on the pipe ``PROGRESS_FD`` (stdout is free for ttnn's own logging), with what the seed pulled
+from or pushed to the shared store (:class:`~models.common.weight_cache.remote.after_build.StoreLedger`)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ def main(argv: list[str]) -> int:
                               tuple(raw["components"]) if raw.get("components") else None)
     try:
         from models.common.checkpoint import CheckpointError
+        from models.common.weight_cache.remote.after_build import recording
         from models.seeding import seed_models
         from models.seeding.runner import SeedInputError, open_model
-
-        from models.common.weight_cache.remote.after_build import recording
 
         loader, _ = open_model(combination, spec.get("cache_root"))
         with recording() as store:  # what it pulled from or pushed to $TT_CACHE_REMOTE, for the report
