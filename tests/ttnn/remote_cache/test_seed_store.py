@@ -172,3 +172,19 @@ def test_a_cold_load_pushes_what_it_built_only_when_asked(tiny_llama, seaweed, s
     ((_, marker, _),) = iter_markers(loaded.cache_dir)
     (variant_key,) = {key.split("/")[1] for key in store.list_sizes("variants/")}
     assert trusted_manifest(store, variant_key)[1].marker.content_id == marker.content_id
+
+
+@pytest.mark.slow
+def test_a_ray_seed_pushes_what_it_built_and_the_next_pulls(tiny_llama, seaweed, s3_url, tmp_path):
+    """``--workers 2``: the variant is built by Ray tasks, committed by the driver, pushed; a Ray seed
+    into a fresh root then pulls it and builds nothing."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(json.dumps({"models": [{"model": str(tiny_llama), "meshes": ["N150"], "precisions": ["bfloat16"]}]}))
+    cases = []
+    for root in ("first", "second"):
+        env = seaweed.client_env(cli_env(tmp_path / root), TT_CACHE_REMOTE=s3_url, TT_CACHE_REMOTE_PUSH="1")
+        run = tt_cache("seed", "--plan", str(plan), "--workers", "2", "--json", env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        (case,) = json.loads(run.stdout)["cases"]
+        cases.append((case["outcome"], case["store"], case["bytes_pulled"] > 0, case["bytes_pushed"] > 0))
+    assert cases == [("seeded", "miss", False, True), ("pulled", "hit", True, False)]
