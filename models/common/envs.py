@@ -146,6 +146,9 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         _text("TT_CACHE_REMOTE", ""), "a shared store of warm caches (s3://BUCKET/PREFIX, an http(s) mirror or a "
         "directory): a cold load first pulls its exact variant from it, a cache-only deploy the newest of its model id "
         "(tt-cache push fills it)"),
+    "TT_CACHE_REMOTE_PUSH": EnvVar(
+        _flag("TT_CACHE_REMOTE_PUSH"), "1/true/yes: a cold build that completes its cache pushes the new variant to "
+        "$TT_CACHE_REMOTE (a failed push is one warning; the local cache stays warm)"),
     "AWS_ENDPOINT_URL": EnvVar(
         _text("AWS_ENDPOINT_URL", ""), "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from "
         "the standard AWS chain and are never shown)"),

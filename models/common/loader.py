@@ -17,14 +17,15 @@ A load goes:
    checkpoint).
    **Pulled**: with ``$TT_CACHE_REMOTE`` set, a cold cache of a checkpoint first asks that shared
    store for its exact variant and pulls it into a new generation
-   (:mod:`models.common.weight_cache.remote.cold_start`); the gate then decides again. A
+   (:mod:`models.common.weight_cache.remote.cold_start`; a seed too); the gate then decides again. A
    cache-only deploy with no warm cache of its model id asks the store by that model id first.
 3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
    build lock (a second builder waits, then usually finds the cache warm), convert every weight into
    a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
-   nothing behind. Every checkpoint byte it converts is read through one
-   :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the bytes the content
-   id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed`
+   nothing behind; with ``$TT_CACHE_REMOTE_PUSH`` on, the committed variant is then pushed to the
+   store (:mod:`models.common.weight_cache.remote.after_build`). Every checkpoint byte it converts
+   is read through one :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the
+   bytes the content id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed`
    is the same build streaming: nothing kept, memory flat.
    Before any of it, the checkpoint is checked against its ``config.json`` (every tensor's shape,
    :meth:`WeightLoader.check_checkpoint`): a config that does not describe it builds nothing.
@@ -68,6 +69,7 @@ from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.layout import CacheRoot
 from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
 from models.common.weight_cache.placeholders import manifest_of
+from models.common.weight_cache.remote.after_build import push_after_build
 from models.common.weight_cache.remote.cold_start import pull_cache_only, pull_on_cold_start
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
@@ -311,6 +313,8 @@ class WeightLoader(ABC):
         start = time.perf_counter()
         args = self.make_args(self.model_config(), self.num_layers)
         status = self.status(args)
+        if not status.warm and not self.forced and self._pulled_from_remote(args):
+            status = self.status(args)
         if status.warm and not self.forced:
             touch_last_used(self.paths)
             logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
@@ -384,6 +388,8 @@ class WeightLoader(ABC):
                     return loaded
             logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
             built = self._build(args, reason, start, transaction, stream_if_cached=read_back, plan=plan, **build)
+        if built.cached:  # committed: share it when $TT_CACHE_REMOTE_PUSH asks (a failed push only warns)
+            push_after_build(self.paths, self.model_name)
         if not built.streamed:
             return built
         loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False) if built.cached

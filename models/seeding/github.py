@@ -7,7 +7,9 @@ bytes written, seconds, and the seconds warm hits saved: the cold build time eac
 recorded, less the time its check took) and one row per variant. When it sets ``$GITHUB_OUTPUT``,
 the run appends step outputs a later step can test, after ``actions/cache``: ``cache-hit``
 (``true`` when every variant of the plan was warm), ``variants``, ``warm``, ``cold``, ``built``,
-``failed``, ``skipped``. Outside Actions nothing is written. With ``--history FILE`` the summary
+``failed``, ``skipped``, ``pulled``, ``bytes-pulled``, ``bytes-pushed``. A seed that asked the shared
+store (``$TT_CACHE_REMOTE``) adds a table of it: per variant hit (pulled warm) or miss (built),
+bytes pulled and pushed. Outside Actions nothing is written. With ``--history FILE`` the summary
 ends with the trend over the last runs (:mod:`models.seeding.history`).
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from models.common import envs
 from models.common.units import format_bytes
 from models.seeding.history import RunRecord, trend_markdown
+from models.common.weight_cache.remote.after_build import HIT
 from models.seeding.report import WARM, CaseResult, SeedReport
 
 SUMMARY_HEADER = ("| variants | warm | cold | built | failed | skipped | cache size | bytes written | seconds saved |\n"
@@ -27,6 +30,8 @@ MODELS_HEADER = ("| model | variants | warm | cache size |\n"
                  "| --- | ---: | ---: | ---: |")
 CASES_HEADER = ("| variant | outcome | seconds | cold build seconds | size | reason |\n"
                 "| --- | --- | ---: | ---: | ---: | --- |")
+STORE_HEADER = ("| variant | store | pulled | pushed |\n"
+                "| --- | --- | ---: | ---: |")
 
 
 def _cell(text: str) -> str:
@@ -76,8 +81,24 @@ def step_summary(report: SeedReport, history: Sequence[RunRecord] = ()) -> str:
             lines.append(f"| {_cell(name)} | {case.outcome} | {case.seconds:.3f} | {built} | {size} | "
                          f"{_cell(case.reason)} |")
         lines.append("")
+    lines += store_rows(report)
     lines += trend_markdown(history)
     return "\n".join(lines) + "\n"
+
+
+def store_rows(report: SeedReport) -> list[str]:
+    """The shared store's part of the run (when a seed asked it): the totals, then per variant
+    whether it came warm from the store (``hit``) or was built (``miss``) and the bytes each way."""
+    asked = [case for case in report.cases if case.store]
+    if not asked:
+        return []
+    stats = report.statistics()
+    hits = sum(case.store == HIT for case in asked)
+    lines = [f"Shared store: {hits} hit(s), {len(asked) - hits} miss(es); {format_bytes(stats.bytes_pulled)} pulled, "
+             f"{format_bytes(stats.bytes_pushed)} pushed.", "", STORE_HEADER]
+    lines += [f"| `{_cell(case.combination.case_name)}` | {case.store} | {format_bytes(case.bytes_pulled)} | "
+              f"{format_bytes(case.bytes_pushed)} |" for case in asked]
+    return lines + [""]
 
 
 def step_outputs(report: SeedReport) -> str:
@@ -85,7 +106,8 @@ def step_outputs(report: SeedReport) -> str:
     stats = report.statistics()
     hit = stats.cache_hit and report.error is None
     values = {"cache-hit": "true" if hit else "false", "variants": stats.variants, "warm": stats.warm,
-              "cold": stats.cold, "built": stats.built, "failed": stats.failed, "skipped": stats.skipped}
+              "cold": stats.cold, "built": stats.built, "failed": stats.failed, "skipped": stats.skipped,
+              "pulled": stats.pulled, "bytes-pulled": stats.bytes_pulled, "bytes-pushed": stats.bytes_pushed}
     return "".join(f"{name}={value}\n" for name, value in values.items())
 
 

@@ -11,7 +11,8 @@ the build lock from its check to its marker, one fresh generation the tasks writ
 keep the previous one meanwhile), the host sidecar written by the driver, then the commit, which
 hashes and stamps every planned file (a missing one fails it) and publishes the marker once.
 Nothing is marked unless every task of the variant succeeded, and a variant that fails leaves
-no files behind. Every task, and the driver, reads the checkpoint through a
+no files behind. With ``$TT_CACHE_REMOTE`` a cold variant is first pulled from the shared store
+and, with ``$TT_CACHE_REMOTE_PUSH``, a committed one pushed to it, as a single-process seed does. Every task, and the driver, reads the checkpoint through a
 :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint` of the driver's identity
 (it travels in the :class:`LoaderSpec`): a task proves the files it reads hold the bytes the
 variant's content id names, and checks them again after its last read; the driver checks its own
@@ -46,6 +47,7 @@ from models.common.checkpoint import CheckpointError
 from models.common.loader import STREAM_PENDING_BYTES, SeedResult, WeightLoader, return_freed_buffers
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
+from models.common.weight_cache.remote.after_build import push_after_build
 from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.host_sidecar import write_host_sidecar
 from models.common.weight_cache.identity import CheckpointIdentity
@@ -173,6 +175,8 @@ def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitSt
     and open the generation the tasks write into."""
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
+    if not status.warm and not loader.forced and loader._pulled_from_remote(args):  # the loader's cold start
+        status = loader.status(args)
     if status.warm and not loader.forced:
         return SeedResult(loader.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
     if not loader.has_checkpoint_weights:
@@ -301,6 +305,8 @@ def _finish(variant: _Variant, host: dict[str, Any], sidecar: str | None, got: d
                 variant.proof.check()  # the host weights and headers the driver read, still the content id's
                 variant.build.commit(marker, files, sidecar)
                 complete = loader.status(variant.args).warm
+                if complete:  # shared when $TT_CACHE_REMOTE_PUSH asks, as the loader's own cold build is
+                    push_after_build(loader.paths, loader.model_name)
             except CheckpointError as error:
                 variant.failed = f"{type(error).__name__}: {error}"
             except OSError as error:

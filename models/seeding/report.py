@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import atomic_write_bytes
+from models.common.units import format_bytes
 from models.seeding.plan import Combination
 
 SCHEMA_VERSION = 1  # of the JSON report (``--report``, ``--json``); bumped when a key changes meaning
@@ -24,8 +25,9 @@ SCHEMA_VERSION = 1  # of the JSON report (``--report``, ``--json``); bumped when
 # outcomes: already warm (stat-only skip), built now and warm, cold under --check, or why not
 # (``partial``: a ``tt-cache build --num-layers`` build, which is never marked complete)
 WARM, SEEDED, PARTIAL, COLD, FAILED, STALLED = "warm", "seeded", "partial", "cold", "failed", "stalled"
+PULLED = "pulled"  # cold here, made warm from the shared store ($TT_CACHE_REMOTE): nothing built
 SKIPPED = "skipped"  # not run: the run was interrupted before it came to this case
-OK_OUTCOMES = frozenset({WARM, SEEDED, PARTIAL})
+OK_OUTCOMES = frozenset({WARM, SEEDED, PARTIAL, PULLED})
 # why a run stopped before its plan was done (the JUnit error type, the JSON ``error_type``); an
 # interrupted run's case that was running (or next) when the signal came has the outcome INTERRUPTED
 BAD_INPUT, INTERRUPTED, INTERNAL_ERROR = "bad_input", "interrupted", "internal_error"
@@ -40,7 +42,9 @@ def signal_name(interrupt: KeyboardInterrupt) -> str:
 class CaseResult:
     """One variant's outcome. ``merged``: other plan entries that name the same variant (one case
     for all); ``cache_bytes`` and ``build_seconds`` (the cold build's, from its marker) describe
-    the variant when it is warm."""
+    the variant when it is warm. ``store``: what the shared store answered the seed of a cold
+    variant (``hit``: pulled, ``miss``: built, ``unavailable``: it could not be used; empty: not
+    asked), with the bytes pulled from it and pushed to it."""
 
     combination: Combination
     outcome: str
@@ -53,6 +57,9 @@ class CaseResult:
     cache_bytes: int = 0
     build_seconds: float | None = None
     use: dict[str, Any] | None = None  # a warm hit: where and when, for the writer's gc (gc --uses)
+    store: str = ""
+    bytes_pulled: int = 0
+    bytes_pushed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -60,8 +67,9 @@ class CaseResult:
 
     @property
     def seconds_saved(self) -> float:
-        """A warm hit saves the cold build its marker recorded, less the time the check took."""
-        if self.outcome != WARM or self.build_seconds is None:
+        """A warm hit (or a variant pulled from the shared store) saves the cold build its marker
+        recorded, less the time the check (or the pull) took."""
+        if self.outcome not in (WARM, PULLED) or self.build_seconds is None:
             return 0.0
         return max(0.0, self.build_seconds - self.seconds)
 
@@ -69,14 +77,22 @@ class CaseResult:
         where = f" -> {self.cache_dir}" if self.cache_dir else ""
         why = f": {self.reason}" if self.reason else ""
         also = f" (also {', '.join(c.where for c in self.merged)})" if self.merged else ""
-        return f"{self.combination.case_name}{also}: {self.outcome}{why} ({self.seconds:.1f} s){where}"
+        store = f" [{self.store_traffic()}]" if self.store else ""
+        return f"{self.combination.case_name}{also}: {self.outcome}{why}{store} ({self.seconds:.1f} s){where}"
+
+    def store_traffic(self) -> str:
+        """The shared store's part, in words: ``store hit, 1.2 MiB pulled``."""
+        moved = [f"{format_bytes(n)} {what}"
+                 for n, what in ((self.bytes_pulled, "pulled"), (self.bytes_pushed, "pushed")) if n]
+        return ", ".join([f"store {self.store}", *moved])
 
     def as_json(self) -> dict[str, Any]:
         return {**self.combination.as_json(), "case": self.combination.case_name, "outcome": self.outcome,
                 "ok": self.ok, "reason": self.reason, "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir,
                 "weights_written": self.weights_written, "bytes_written": self.bytes_written,
                 "cache_bytes": self.cache_bytes, "build_seconds": self.build_seconds,
-                "seconds_saved": round(self.seconds_saved, 3),
+                "seconds_saved": round(self.seconds_saved, 3), "store": self.store,
+                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed,
                 "merged": [{"entry": c.entry_name, "case": c.case_name} for c in self.merged]}
 
 
@@ -94,6 +110,9 @@ class Statistics:
     bytes_written: int
     seconds: float
     seconds_saved: float
+    pulled: int = 0  # variants made warm from the shared store
+    bytes_pulled: int = 0
+    bytes_pushed: int = 0
 
     @property
     def cache_hit(self) -> bool:
@@ -138,7 +157,9 @@ class SeedReport:
             skipped=counts.get(SKIPPED, 0),
             cache_bytes=sum(case.cache_bytes for case in self.cases),
             bytes_written=sum(case.bytes_written for case in self.cases),
-            seconds=self.seconds, seconds_saved=sum(case.seconds_saved for case in self.cases))
+            seconds=self.seconds, seconds_saved=sum(case.seconds_saved for case in self.cases),
+            pulled=counts.get(PULLED, 0), bytes_pulled=sum(case.bytes_pulled for case in self.cases),
+            bytes_pushed=sum(case.bytes_pushed for case in self.cases))
 
     def summary_lines(self, cases: bool = True) -> list[str]:
         """Each case's line (unless ``cases`` is false: printed as they finished), then the verdict."""
@@ -157,7 +178,8 @@ class SeedReport:
                                "built": stats.built, "failed": stats.failed, "skipped": stats.skipped,
                                "cache_hit": stats.cache_hit,
                                "cache_bytes": stats.cache_bytes, "bytes_written": stats.bytes_written,
-                               "seconds_saved": round(stats.seconds_saved, 3)},
+                               "seconds_saved": round(stats.seconds_saved, 3), "pulled": stats.pulled,
+                               "bytes_pulled": stats.bytes_pulled, "bytes_pushed": stats.bytes_pushed},
                 "started": self.started, "seconds": round(self.seconds, 3),
                 "cases": [case.as_json() for case in self.cases],
                 "uses": [case.use for case in self.cases if case.use is not None]}

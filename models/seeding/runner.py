@@ -7,6 +7,10 @@ OOM killer, a hang) from touching the others, and lets the watchdog end a stalle
 sure (SIGKILL of its process group) instead of hoping a blocked thread notices an interrupt.
 The check itself imports neither torch nor ttnn (:class:`~models.common.weight_cache.request.
 CacheRequest`): ``seed --check`` runs on a light install. Only ``tt-cache build`` loads a model here.
+
+With ``$TT_CACHE_REMOTE`` set, a worker's seed first pulls its cold variant from the shared store
+(the case is :data:`PULLED`: nothing built), and with ``$TT_CACHE_REMOTE_PUSH`` on it pushes what it
+built; the case records what the store answered and the bytes each way, as the worker reported them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from models.common.mesh import MESH_SPELLINGS, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.weight_cache.layout import PRECISIONS, CacheRoot, VariantPaths, variant_subdir, variant_tag
 from models.common.weight_cache.marker import WeightCacheError, iter_markers
+from models.common.weight_cache.remote.after_build import HIT
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.usage import answers_to, touch_last_used
 from models.registry import FAMILY_LOADERS, family_facts, family_of, loader_class
@@ -50,6 +55,7 @@ from models.seeding.report import (
     FAILED,
     INTERRUPTED,
     PARTIAL,
+    PULLED,
     SEEDED,
     SKIPPED,
     STALLED,
@@ -207,9 +213,19 @@ def _kill_group(pid: int) -> None:
         pass  # gone already
 
 
-def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> tuple[str | None, str]:
-    """Seed one combination in a worker process: (None, "") when it finished without error, else
-    (:data:`STALLED` or :data:`FAILED`, why)."""
+@dataclass(frozen=True)
+class WorkerEnd:
+    """How a worker ended: ``outcome`` None when it finished without error, else :data:`STALLED` or
+    :data:`FAILED` and why; ``store``: what it pulled from or pushed to the shared store (the
+    ``result`` event's :class:`~models.common.weight_cache.remote.after_build.StoreLedger` fields)."""
+
+    outcome: str | None
+    reason: str = ""
+    store: dict[str, Any] = field(default_factory=dict)
+
+
+def run_worker(combination: Combination, options: SeedOptions, tracker: ProgressTracker) -> WorkerEnd:
+    """Seed one combination in a worker process (see :class:`WorkerEnd`)."""
     watchdog = StallWatchdog(options.stall_timeout)
     read_end, write_end = os.pipe()
     try:
@@ -244,13 +260,16 @@ def run_worker(combination: Combination, options: SeedOptions, tracker: Progress
     code = worker.wait()
     tracker.close()
     if stalled:
-        return STALLED, stalled
+        return WorkerEnd(STALLED, stalled)
     if result is not None:
-        return (None, "") if result.get("ok") else (FAILED, str(result.get("reason", "")))
+        store = {name: result[name] for name in STORE_FIELDS if name in result}
+        if result.get("ok"):
+            return WorkerEnd(None, "", store)
+        return WorkerEnd(FAILED, str(result.get("reason", "")), store)
     last = tracker.snapshot()
     after = f"after {last.weights_done} weights (last {last.last_weight})" if last.last_weight else "before any weight"
     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    return FAILED, f"seed worker died ({how}) {after}"
+    return WorkerEnd(FAILED, f"seed worker died ({how}) {after}")
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -323,6 +342,15 @@ def _marker_facts(status: Any) -> dict[str, Any]:
     return {"cache_bytes": sum(record.bytes for record in marker.all_files()), "build_seconds": marker.build_seconds}
 
 
+STORE_FIELDS = ("store", "bytes_pulled", "bytes_pushed", "push_error")  # of a worker's result event
+
+
+def _store_facts(store: dict[str, Any]) -> dict[str, Any]:
+    """A worker's store traffic as the case records it."""
+    return {"store": str(store.get("store", "")), "bytes_pulled": int(store.get("bytes_pulled", 0)),
+            "bytes_pushed": int(store.get("bytes_pushed", 0))}
+
+
 def _use(opened: OpenedRequest, options: SeedOptions) -> dict[str, Any] | None:
     """A warm hit as the report hands it to the writer's ``gc --uses``: the variant dir relative to
     the cache root (a read-only runner's mount path is not the writer's), its tag and the time."""
@@ -339,12 +367,12 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
     start = time.perf_counter() - variant.open_seconds
 
     def result(outcome: str, reason: str = "", cache_dir: Any = None, tracker: ProgressTracker | None = None,
-               status: Any = None, use: dict[str, Any] | None = None):
+               status: Any = None, use: dict[str, Any] | None = None, store: dict[str, Any] | None = None):
         written = tracker.snapshot() if tracker else None
         return CaseResult(combination, outcome, reason, time.perf_counter() - start,
                           str(cache_dir) if cache_dir else None,
                           written.weights_done if written else 0, written.bytes_done if written else 0,
-                          tuple(variant.merged), **_marker_facts(status), use=use)
+                          tuple(variant.merged), **_marker_facts(status), use=use, **_store_facts(store or {}))
 
     opened = variant.opened
     if opened is None:
@@ -358,7 +386,7 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
         return result(COLD, status.reason, cache_dir)
     tracker = ProgressTracker(combination.case_name, log_every=options.log_every, show=options.progress)
     try:
-        outcome, reason = run_worker(combination, options, tracker)
+        end = run_worker(combination, options, tracker)
     except KeyboardInterrupt as interrupt:  # the worker is gone (run_worker's finally): say how far it got
         tracker.close()
         last = tracker.snapshot()
@@ -367,12 +395,16 @@ def run_combination(variant: PlannedVariant, options: SeedOptions) -> CaseResult
         interrupt.case = result(INTERRUPTED, f"interrupted by {signal_name(interrupt)} while it ran, {done}",
                                 cache_dir, tracker)  # type: ignore[attr-defined]
         raise
-    if outcome is not None:
-        return result(outcome, reason, cache_dir, tracker)
+    if end.outcome is not None:
+        return result(end.outcome, end.reason, cache_dir, tracker, store=end.store)
     after = opened.status()
     if not after.warm:
-        return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", cache_dir, tracker)
-    return result(SEEDED, "", cache_dir, tracker, after)
+        return result(FAILED, f"seed finished but the cache is still cold: {after.reason}", cache_dir, tracker,
+                      store=end.store)
+    pulled = end.store.get("store") == HIT
+    push_error = f"built and warm here, but the push to the shared store failed: {end.store['push_error']}" \
+        if end.store.get("push_error") else ""
+    return result(PULLED if pulled else SEEDED, push_error, cache_dir, tracker, after, store=end.store)
 
 
 def _print_case(case: CaseResult) -> None:

@@ -2,7 +2,8 @@
 """One seed in its own process: ``python -m models.seeding.worker SPEC_JSON PROGRESS_FD``.
 
 Started by :func:`models.seeding.runner.run_worker`; reports progress and, last, one ``result``
-event on the pipe ``PROGRESS_FD`` (stdout is free for ttnn's own logging)."""
+event on the pipe ``PROGRESS_FD`` (stdout is free for ttnn's own logging), with what the seed pulled
+from or pushed to the shared store (:class:`~models.common.weight_cache.remote.after_build.StoreLedger`)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ def main(argv: list[str]) -> int:
                               tuple(raw["components"]) if raw.get("components") else None)
     try:
         from models.common.checkpoint import CheckpointError
+        from models.common.weight_cache.remote.after_build import recording
         from models.seeding import seed_models
         from models.seeding.runner import SeedInputError, open_model
 
         loader, _ = open_model(combination, spec.get("cache_root"))
-        (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),
-                                progress=progress)
+        with recording() as store:  # what it pulled from or pushed to $TT_CACHE_REMOTE, for the report
+            (result,) = seed_models([loader], workers=spec.get("workers", 1), address=spec.get("address"),
+                                    progress=progress)
     except (SeedInputError, CheckpointError) as error:  # a checkpoint its config.json does not describe, ...
         progress.send("result", ok=False, reason=str(error))
         return 2
@@ -38,7 +41,8 @@ def main(argv: list[str]) -> int:
                       "cannot build them; seed from the full install (scripts/setup_env.sh)")
         progress.send("result", ok=False, reason=reason)
         return 1
-    progress.send("result", ok=result.complete, reason="" if result.complete else "the seed left the cache cold")
+    progress.send("result", ok=result.complete, reason="" if result.complete else "the seed left the cache cold",
+                  **store.as_json())
     return 0
 
 

@@ -96,7 +96,7 @@ def test_an_interrupted_seed_reports_every_planned_variant(plan, tmp_path, signu
     summary = files["md"].read_text()
     assert summary.startswith("### tt-cache seed: error (interrupted)\n")
     assert "| 4 | 1 | 0 | 0 | 1 | 2 |" in summary and summary.count("` | skipped | ") == 2
-    assert files["out"].read_text().endswith("failed=1\nskipped=2\n")
+    assert files["out"].read_text().endswith("failed=1\nskipped=2\npulled=0\nbytes-pulled=0\nbytes-pushed=0\n")
     (record,) = [json.loads(line) for line in files["jsonl"].read_text().splitlines()]  # the run's history line
     assert record["outcomes"] == {"interrupted": 1, "skipped": 2, "warm": 1} and record["hit_rate"] == 0.25
     assert record["error_type"] == "interrupted" and "#### Trend over the last 1 run(s)" in summary

@@ -141,7 +141,7 @@ def _size(nbytes: int) -> str:
 
 def test_seed_writes_the_job_summary_and_step_outputs(seeded):
     files, report = seeded["files"], json.loads((seeded["root"] / "seed.json").read_text())
-    assert files["output"].read_text() == "cache-hit=false\nvariants=2\nwarm=0\ncold=0\nbuilt=2\nfailed=0\nskipped=0\n"
+    assert files["output"].read_text() == "cache-hit=false\nvariants=2\nwarm=0\ncold=0\nbuilt=2\nfailed=0\nskipped=0\npulled=0\nbytes-pulled=0\nbytes-pushed=0\n"
     totals, model, *rows = _summary_lines(files["summary"].read_text(), "tt-cache seed", "ok", seeded["plan"], 2)
     written = sum(case["bytes_written"] for case in report["cases"])
     markers = _markers(seeded["root"] / "cache")
@@ -163,7 +163,7 @@ def test_check_of_a_warm_plan_is_a_cache_hit_and_says_what_it_saved(seeded, tmp_
     env = {**seeded["env"], "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(output)}
     check = tt_cache("seed", "--plan", str(seeded["plan"]), "--check", "--report", str(report_file), env=env)
     assert check.returncode == 0, check.stderr[-2000:]
-    assert output.read_text() == "cache-hit=true\nvariants=2\nwarm=2\ncold=0\nbuilt=0\nfailed=0\nskipped=0\n"
+    assert output.read_text() == "cache-hit=true\nvariants=2\nwarm=2\ncold=0\nbuilt=0\nfailed=0\nskipped=0\npulled=0\nbytes-pulled=0\nbytes-pushed=0\n"
     text = summary.read_text()
     assert text.startswith("# earlier step\n")
     totals, model, *rows = _summary_lines(text.removeprefix("# earlier step\n"), "tt-cache check", "cache hit",
@@ -187,7 +187,7 @@ def test_check_of_a_warm_plan_is_a_cache_hit_and_says_what_it_saved(seeded, tmp_
     output.unlink()
     miss = tt_cache("seed", "--plan", str(cold_plan), "--check", env=env)
     assert miss.returncode == 1
-    assert output.read_text() == "cache-hit=false\nvariants=2\nwarm=1\ncold=1\nbuilt=0\nfailed=0\nskipped=0\n"
+    assert output.read_text() == "cache-hit=false\nvariants=2\nwarm=1\ncold=1\nbuilt=0\nfailed=0\nskipped=0\npulled=0\nbytes-pulled=0\nbytes-pushed=0\n"
     text = summary.read_text()
     assert text.count("### tt-cache check: ") == 2  # appended after the first check's summary
     totals, model, warm, cold = _summary_lines(text[text.rindex("### "):], "tt-cache check", "FAILED", cold_plan, 2)
@@ -240,7 +240,7 @@ def test_a_bad_plan_still_writes_every_report_asked_for(tmp_path, kind):
     assert printed["exit_code"] == 2 and printed["error"] == line.removeprefix("tt-cache seed: ")
     assert printed["schema_version"] == 1 and printed["error_type"] == "bad_input"
 
-    assert (tmp_path / "output").read_text() == "cache-hit=false\nvariants=0\nwarm=0\ncold=0\nbuilt=0\nfailed=0\nskipped=0\n"
+    assert (tmp_path / "output").read_text() == "cache-hit=false\nvariants=0\nwarm=0\ncold=0\nbuilt=0\nfailed=0\nskipped=0\npulled=0\nbytes-pulled=0\nbytes-pushed=0\n"
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("### tt-cache check: error (bad_input)\n") and f"> **bad_input**: {plan}" in summary
     assert not (tmp_path / "cache").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from models.common.envs import parse_flag
 from models.seeding.plan import load_plan
 from models.testing import REPO_ROOT
 from models.tt_cache.cli import build_parser
@@ -40,10 +41,12 @@ def test_the_workflow_passes_actionlint():
 def test_actionlint_catches_a_broken_copy(tmp_path):
     """The linter really checks: an undefined job dependency and a bad expression fail it."""
     broken = tmp_path / "warm-cache.yaml"
-    broken.write_text(WORKFLOW.read_text().replace("needs: seed", "needs: seeed")
-                      .replace("${{ !cancelled() }}", "${{ !cancelled( }}"))
+    text = WORKFLOW.read_text()
+    assert "needs: seed\n" in text and "!cancelled()" in text
+    broken.write_text(text.replace("needs: seed\n", "needs: seeed\n").replace("!cancelled()", "!cancelled("))
     result = lint(broken)
-    assert result.returncode == 1 and "seeed" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 1 and "seeed" in result.stdout and "cancelled" in result.stdout, \
+        result.stdout + result.stderr
     typo = tmp_path / "typo.yaml"  # a step output read from a step id that does not exist
     typo.write_text(WORKFLOW.read_text().replace("steps.check.outputs", "steps.chek.outputs"))
     result = lint(typo)
@@ -70,7 +73,7 @@ def _run_commands() -> list[tuple[str, list[str]]]:
 def test_every_tt_cache_command_in_the_workflow_parses():
     commands = _run_commands()
     assert {(job, words[0]) for job, words in commands} >= {("seed", "seed"), ("seed", "gc"), ("seed", "clean"),
-                                                            ("validate", "seed")}
+                                                            ("validate", "seed"), ("seed-store", "seed")}
     parser = build_parser()
     for _, words in commands:
         parser.parse_args(words)  # exits (fails the test) on an unknown option
@@ -100,7 +103,7 @@ def test_the_validate_job_runs_on_the_light_install():
 
 
 def test_each_job_caches_its_dependency_download_keyed_on_what_it_installs():
-    for job in ("seed", "validate"):
+    for job in ("seed", "validate", "seed-store"):
         setup_index, script = _setup_script(job)
         installs = set(re.findall(r"requirements[\w-]*\.txt", script.read_text())) | {"setup.py"}
         caches = [(index, step["with"]) for index, step in enumerate(_steps(job))
@@ -128,7 +131,8 @@ def test_the_seed_steps_outputs_are_used():
 def test_each_job_keeps_its_run_history_between_runs():
     """The ``--history`` file of each job's seed step is restored before it (the newest entry) and
     saved after it, whatever the step's end, under a key of its own per run (entries are immutable)."""
-    for job in ("seed", "validate"):
+    histories = set()
+    for job in ("seed", "validate", "seed-store"):
         steps = _steps(job)
         (at,) = [index for index, step in enumerate(steps) if "tt-cache seed" in step.get("run", "")]
         words = shlex.split(steps[at]["run"].replace("\\\n", " ").splitlines()[-1])
@@ -142,6 +146,48 @@ def test_each_job_keeps_its_run_history_between_runs():
         prefix = restored["with"]["restore-keys"]
         assert saved["with"]["key"] == restored["with"]["key"] and saved["with"]["key"].startswith(prefix), job
         assert "${{ github.run_id }}" in saved["with"]["key"] and "${{ github.run_attempt }}" in saved["with"]["key"]
+        histories.add((history, prefix, saved["with"]["key"]))
+    assert len({history for history, _, _ in histories}) == 3, histories  # one file per job
+    for _, prefix, _ in histories:  # a job never restores another job's history
+        assert len([key for _, _, key in histories if key.startswith(prefix)]) == 1, (prefix, histories)
+
+
+STORE_SELECTOR = "inputs.cache-store || vars.TT_CACHE_REMOTE"
+
+
+def test_a_shared_store_selects_the_store_job_and_no_job_of_the_mount():
+    """The input ``cache-store``, else the variable ``TT_CACHE_REMOTE``, selects the store job (which
+    seeds through it) and skips the mount's jobs; without it the mount's jobs run as before."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    assert workflow[True]["workflow_dispatch"]["inputs"]["cache-store"]["default"] == ""  # YAML reads on: as True
+    assert jobs["seed-store"]["if"] == f"${{{{ {STORE_SELECTOR} }}}}"
+    assert jobs["seed"]["if"] == f"${{{{ !({STORE_SELECTOR}) }}}}"
+    assert jobs["validate"]["needs"] == "seed" and "needs.seed.result != 'skipped'" in jobs["validate"]["if"]
+    store = jobs["seed-store"]
+    assert store["env"]["TT_CACHE_REMOTE"] == f"${{{{ {STORE_SELECTOR} }}}}"
+    assert parse_flag(store["env"]["TT_CACHE_REMOTE_PUSH"])  # what it builds cold is pushed
+    assert store["env"]["TT_CACHE_PATH"] != workflow["env"]["TT_CACHE_PATH"]
+    assert not any("tt_cache" in volume for volume in store["container"]["volumes"])  # no shared cache mounted
+    assert set(store["runs-on"]).isdisjoint(set(jobs["seed"]["runs-on"]) - {"self-hosted"})
+
+
+def test_aws_credentials_reach_only_the_store_seed_step_as_the_standard_variables():
+    """Secrets are read in one place: the store job's seed step, as AWS's own variables; no script
+    names them, prints the environment or traces its commands."""
+    text = WORKFLOW.read_text()
+    workflow = yaml.safe_load(text)
+    secret_env = {(job_name, step.get("id"), name): value for job_name, job in workflow["jobs"].items()
+                  for step in job["steps"] for name, value in step.get("env", {}).items() if "secrets." in value}
+    assert secret_env == {
+        ("seed-store", "seed", "AWS_ACCESS_KEY_ID"): "${{ secrets.TT_CACHE_AWS_ACCESS_KEY_ID }}",
+        ("seed-store", "seed", "AWS_SECRET_ACCESS_KEY"): "${{ secrets.TT_CACHE_AWS_SECRET_ACCESS_KEY }}",
+    }
+    assert text.count("secrets.") == len(secret_env)  # nowhere else: not in a job's env, not in a script
+    for job in workflow["jobs"].values():
+        for step in job["steps"]:
+            script = step.get("run", "")
+            assert not re.search(r"AWS_|secrets|set -\w*x|printenv|^\s*env\b", script, re.M), script
 
 
 def test_the_shipped_plan_parses():

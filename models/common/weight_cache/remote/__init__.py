@@ -12,5 +12,7 @@ Modules, from the bottom up (none imports torch or ttnn):
 ``store_gc``      evict a store's least recently used variants, then the objects no manifest names
 ``push``          send a variant's missing objects, then its manifest
 ``pull``          fetch a variant into a new local generation through the one build transaction
+``after_build``   a committed cold build pushes its variant (``$TT_CACHE_REMOTE_PUSH``); what a
+                  process's loads pulled and pushed, for a caller that reports it (the seed worker)
 ``cold_start``    a loader's cold start pulls its exact variant first (``$TT_CACHE_REMOTE``)
 """

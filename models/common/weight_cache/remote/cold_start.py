@@ -10,7 +10,8 @@ content ids under one model id are an error that lists them, as several local ca
 
 Never in the way: an unset variable, a store without the variant, or any failure of the store or
 of the pull (one log line) leaves the loader to build cold as it would have (a cache-only deploy:
-to the error it gives today); and the pulled cache is warm only if the loader's own gate then says so.
+to the error it gives today); and the pulled cache is warm only if the loader's own gate then says so. Each ask
+is recorded (:func:`~.after_build.record_ask`) for a caller that reports the store's hits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from loguru import logger
 
 from models.common import envs
 from models.common.checkpoint import CheckpointError
+from models.common.weight_cache.remote.after_build import HIT, MISS, UNAVAILABLE, record_ask
 from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest, trusted_manifests_of_model
 from models.common.weight_cache.remote.store_layout import identity_key, model_key
 from models.common.weight_cache.remote.stores import ObjectMissing, RemoteStoreError
@@ -44,11 +46,14 @@ def pull_on_cold_start(cache_dir: Path, *, model_name: str, content_id: str | No
         manifest_key, manifest = trusted_manifest(store, key)
         result = pull_variant(store, manifest, cache_dir.parent, manifest_key=manifest_key, into=cache_dir)
     except ObjectMissing:
+        record_ask(MISS)
         logger.info(f"{model_name}: the shared store {url} has no variant {key[:16]}; building cold")
         return False
     except Exception as error:  # noqa: BLE001 - a cold start is never worse for the store being there
         logger.warning(f"{model_name}: pulling variant {key[:16]} from {url} failed ({_why(error)}); building cold")
+        record_ask(UNAVAILABLE)
         return False
+    record_ask(HIT if result.warm else UNAVAILABLE, result.bytes_fetched)
     logger.info(f"{model_name}: {result.summary()}")
     return result.warm
 
