@@ -131,6 +131,16 @@ def stop_seaweed(server: SeaweedServer, *, keep_data: bool = False) -> None:
         shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def running_seaweed(data_dir: Path) -> Iterator[SeaweedServer]:
+    """A SeaweedFS server for the block (a test fixture's body), stopped after whatever happens."""
+    server = start_seaweed(data_dir)
+    try:
+        yield server
+    finally:
+        stop_seaweed(server)
+
+
 # --------------------------------------------------------------------------------------------
 # A static HTTP server with range requests
 # --------------------------------------------------------------------------------------------

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from models.testing.object_store import SeaweedServer, start_seaweed, stop_seaweed
+from models.testing.object_store import SeaweedServer, running_seaweed
 
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory) -> Iterator[SeaweedServer]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
+    with running_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
-    finally:
-        stop_seaweed(server)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from models.common.weight_cache.remote.push import push_cache_dir
 from models.common.weight_cache.remote.urls import open_store
-from models.testing.object_store import SeaweedServer, start_seaweed, stop_seaweed
+from models.testing.object_store import SeaweedServer, running_seaweed
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
 from tests.ttnn.vllm.engines import token_prompts, vllm_engine
 from tests.ttnn.vllm.oracle import hf_generate, tiny_tokenizer
@@ -31,11 +31,8 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def seaweed(tmp_path_factory) -> Iterator[SeaweedServer]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
+    with running_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
-    finally:
-        stop_seaweed(server)
 
 
 @pytest.fixture
