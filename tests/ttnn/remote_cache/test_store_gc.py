@@ -10,6 +10,7 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import blake3
@@ -193,15 +194,22 @@ def test_bad_input_is_one_line_and_exit_2(seaweed, s3_url, tmp_path, capsys, cli
         assert "Traceback" not in err[0]
 
 
+def _recording(errors: list[BaseException]) -> Callable[[Callable[[], object]], None]:
+    """A thread target that runs its step and keeps what it raised in ``errors`` (the test reports it)."""
+
+    def run(step: Callable[[], object]) -> None:
+        try:
+            step()
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    return run
+
+
 def _race(built_variant, url: str) -> None:
     """One gc evicting the variant while the same variant is pushed again."""
     errors: list[BaseException] = []
-
-    def run(step) -> None:
-        try:
-            step()
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+    run = _recording(errors)
 
     def collect() -> None:
         store = open_store(url)
@@ -279,12 +287,7 @@ def test_a_manifest_published_while_gc_deletes_its_objects_ends_complete(built_v
     plan = plan_store_gc(store, max_size=0, grace=0)
     assert len(plan.objects) == len(own.digests())
     errors: list[BaseException] = []
-
-    def run(step) -> None:
-        try:
-            step()
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+    run = _recording(errors)
 
     gc = threading.Thread(target=run, args=(lambda: collect_store_garbage(paused, plan, grace=0, threads=2),))
     gc.start()
