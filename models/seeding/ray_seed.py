@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Distributed seeding on Ray: one model's weights (and several variants) converted as Ray tasks.
 
-The driver plans each cold variant (:func:`~models.seeding.weights.plan_weights`, headers only),
+The driver plans each cold variant (:func:`~models.common.build_plan.plan_weights`, headers only),
 splits the plan into tasks of about equal checkpoint bytes and submits them all; each task
 rebuilds the loader in its worker, runs the family's ``convert`` converting only its own weights
-(:class:`~models.seeding.weights.PartSink`) and writes them into the shared cache directory with
+(:class:`~models.common.build_plan.PartSink`) and writes them into the shared cache directory with
 the same atomic publish as any cold build, returning the files it wrote and their sizes. Each
 variant is one :class:`~models.common.weight_cache.build.BuildTransaction`, held by the driver:
 the build lock from its check to its marker, one fresh generation the tasks write into (readers
