@@ -2,8 +2,9 @@
 """What cannot be built is refused before any work: one line on stderr, exit 2, no traceback.
 
 ``scripts/run_demo.sh`` (the demo) before the model is prepared, ``tt-cache build`` before torch is
-imported, a seeding plan when it is loaded, naming the entry, the model and the reason. A mesh name
-is read in one place (:func:`models.common.mesh.parse_mesh_shape`), so each says the same."""
+imported, a seeding plan when it is loaded (every refused plan is tested here: one that cannot be read or
+parsed, and one no seed could build, naming the entry, the model and the reason). A mesh name is read
+in one place (:func:`models.common.mesh.parse_mesh_shape`), so each says the same."""
 
 from __future__ import annotations
 
@@ -112,21 +113,44 @@ def test_tt_cache_build_takes_a_t3k_and_a_galaxy_for_heads_that_do_not_divide(ch
         assert done.returncode == 0, done.stderr[-3000:]
 
 
+# Every way a seeding plan is refused, in one table: (the plan's text, with {checkpoint} for a tiny model's
+# directory, or None for no plan file; what its one line must say, with {plan} and {checkpoint}).
 PLAN_REFUSALS = {
-    "mesh": ("T4K", "bfloat16", UNKNOWN_MESH),
-    "precision": ("T3K", "bf7", "unknown precision 'bf7'"),
-    "layout": ("1x3", "bfloat16", "cannot be built on mesh 1x3: its MLP hidden size 256 cannot be split over 3"),
+    "unreadable": (None, ["{plan}: cannot read the plan"]),
+    "not YAML": ("models: [", ["{plan}", "not valid YAML"]),
+    "no models": ("models: []", ["{plan}", "non-empty 'models' list"]),
+    "unknown key": ("models:\n  - model: x\n    mesh: [N150]\n    precisions: [bfloat16]\n",
+                    ["{plan}", "unknown key(s) ['mesh']"]),
+    "no precisions": ("models:\n  - model: x\n    meshes: N150\n    precisions: []\n",
+                      ["{plan}", "'precisions' must be a non-empty list"]),
+    "no model": ("models:\n  - {{meshes: [N150], precisions: [bfloat16]}}\n", ["{plan}", "models[0]: 'model' must be"]),
+    "listed twice": ("models:\n  - {{model: a, meshes: [N150, N150], precisions: [bfloat16]}}\n",
+                     ["{plan}", "listed twice"]),
+    # what no seed can build, found when the plan is loaded: the entry, the model and the reason
+    "mesh": ("models:\n  - {{model: {checkpoint}, meshes: [T3K], precisions: [bfloat16]}}\n"
+             "  - {{model: {checkpoint}, meshes: [TG, T4K], precisions: [bfloat16]}}\n",
+             [f"{{plan}}: models[1] {{checkpoint}}: {UNKNOWN_MESH}"]),
+    "precision": ("models:\n  - {{model: {checkpoint}, meshes: [T3K], precisions: [bfloat16]}}\n"
+                  "  - {{model: {checkpoint}, meshes: [TG, T3K], precisions: [bf7]}}\n",
+                  ["{plan}: models[1] {checkpoint}: unknown precision 'bf7'"]),
+    "layout": ("models:\n  - {{model: {checkpoint}, meshes: [T3K], precisions: [bfloat16]}}\n"
+               "  - {{model: {checkpoint}, meshes: [TG, 1x3], precisions: [bfloat16]}}\n",
+               ["{plan}: models[1] {checkpoint}: cannot be built on mesh 1x3: its MLP hidden size 256 cannot be "
+                "split over 3"]),
+    "mesh and precision": ("models:\n  - model: {checkpoint}\n    meshes: [N3000]\n    precisions: [bfloat9]\n",
+                           ["{plan}", "mesh 'N3000'", "precision 'bfloat9'"]),
 }
 
 
 @pytest.mark.parametrize("kind", list(PLAN_REFUSALS))
-def test_a_plan_that_no_seed_can_build_is_refused_at_load(kind, checkpoint, tmp_path) -> None:
-    mesh, precision, problem = PLAN_REFUSALS[kind]
+def test_a_plan_that_no_seed_can_use_is_refused_before_any_seed(kind, checkpoint, tmp_path) -> None:
+    text, problems = PLAN_REFUSALS[kind]
     plan = tmp_path / "plan.yaml"
-    plan.write_text(f"models:\n  - {{model: {checkpoint}, meshes: [T3K], precisions: [bfloat16]}}\n"
-                    f"  - {{model: {checkpoint}, meshes: [TG, {mesh}], precisions: [{precision}]}}\n")
+    if text is not None:
+        plan.write_text(text.format(checkpoint=checkpoint))
     start = time.perf_counter()
     line = one_line(tt_cache("seed", "--plan", str(plan), env=cli_env(tmp_path / "cache")), "tt-cache seed: ")
-    assert f"{plan}: models[1] {checkpoint}: {problem}" in line, line
+    for problem in problems:
+        assert problem.format(plan=plan, checkpoint=checkpoint) in line, line
     assert not (tmp_path / "cache").exists()  # no seed started
     print(f"plan {kind}: refused in {time.perf_counter() - start:.2f} s")

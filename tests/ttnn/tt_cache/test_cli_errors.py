@@ -106,48 +106,6 @@ def test_clean_of_a_dir_without_caches_is_bad_input(tmp_path):
     assert (tmp_path / "notes.txt").exists()
 
 
-BAD_CONFIGS = {
-    "missing num_hidden_layers": (lambda c: {k: v for k, v in c.items() if k != "num_hidden_layers"},
-                                  "missing field 'num_hidden_layers'"),
-    "invalid JSON": (None, "config.json: Expecting"),
-    "model_type bert": (lambda c: {**c, "model_type": "bert"}, "no loader for model_type 'bert'"),
-}
-
-
-def _bad_checkpoint(good_checkpoint: Path, dest: Path, kind: str) -> Path:
-    shutil.copytree(good_checkpoint, dest)
-    change, _ = BAD_CONFIGS[kind]
-    config = dest / "config.json"
-    config.write_text("{\"model_type\": " if change is None else json.dumps(change(json.loads(config.read_text()))))
-    return dest
-
-
-@pytest.mark.parametrize("kind", list(BAD_CONFIGS))
-def test_build_with_a_bad_config_names_it_in_one_line(good, tmp_path, kind):
-    checkpoint = _bad_checkpoint(good[0], tmp_path / "model", kind)
-    out = tt_cache("build", str(checkpoint), env=cli_env(tmp_path / "cache"))
-    assert out.returncode == 2
-    line = error_line(out, "build")
-    assert str(checkpoint / "config.json") in line and BAD_CONFIGS[kind][1] in line, line
-    assert not list((tmp_path / "cache").rglob("*.tensorbin")) and not list((tmp_path / "cache").rglob("mesh_*"))
-
-
-def test_seed_with_bad_configs_fails_those_cases_only(good, tmp_path):
-    checkpoints = {kind: _bad_checkpoint(good[0], tmp_path / f"model-{i}", kind) for i, kind in enumerate(BAD_CONFIGS)}
-    plan = tmp_path / "plan.yaml"
-    entries = [{"model": str(p), "meshes": ["N150"], "precisions": ["bfloat16"]} for p in checkpoints.values()]
-    entries.append({"model": str(good[0]), "meshes": ["N150"], "precisions": ["bfloat16"]})
-    plan.write_text(json.dumps({"models": entries}))  # JSON is YAML
-    out = tt_cache("seed", "--plan", str(plan), "--json", env=cli_env(good[1]))
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    cases = {case["model"]: case for case in json_out(out)["cases"]}
-    assert cases[str(good[0])]["outcome"] == "warm"
-    for kind, checkpoint in checkpoints.items():
-        case = cases[str(checkpoint)]
-        assert case["outcome"] == "failed" and str(checkpoint / "config.json") in case["reason"], case
-        assert BAD_CONFIGS[kind][1] in case["reason"], case
-
-
 def test_build_into_an_unwritable_root_does_not_exit_0(good, tmp_path, readonly_view):
     empty = tmp_path / "empty-root"
     empty.mkdir()
@@ -155,36 +113,6 @@ def test_build_into_an_unwritable_root_does_not_exit_0(good, tmp_path, readonly_
     out = tt_cache("build", str(good[0]), "--precision", "bfloat16", "--cache-root", str(root), env=cli_env())
     assert out.returncode == 1, out.stdout + out.stderr[-2000:]
     assert "nothing was cached" in out.stdout and "Traceback" not in out.stderr
-
-
-@pytest.mark.parametrize(
-    "plan_text, message",
-    [
-        (None, "cannot read the plan"),
-        ("models: [", "not valid YAML"),
-        ("models: []", "non-empty 'models' list"),
-        ("models:\n  - model: x\n    mesh: [N150]\n    precisions: [bfloat16]\n", "unknown key(s) ['mesh']"),
-        ("models:\n  - model: x\n    meshes: N150\n    precisions: []\n", "'precisions' must be a non-empty list"),
-    ],
-)
-def test_a_bad_plan_is_bad_input(tmp_path, plan_text, message):
-    plan = tmp_path / "plan.yaml"
-    if plan_text is not None:
-        plan.write_text(plan_text)
-    out = tt_cache("seed", "--plan", str(plan), env=cli_env(tmp_path / "cache"))
-    assert out.returncode == 2
-    line = error_line(out, "seed")
-    assert str(plan) in line and message in line, line
-
-
-def test_a_plan_naming_an_unknown_mesh_or_precision_stops_before_building(good, tmp_path):
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(f"models:\n  - model: {good[0]}\n    meshes: [N3000]\n    precisions: [bfloat9]\n")
-    out = tt_cache("seed", "--plan", str(plan), env=cli_env(tmp_path / "cache"))
-    assert out.returncode == 2
-    line = error_line(out, "seed")
-    assert "mesh 'N3000'" in line and "precision 'bfloat9'" in line
-    assert not (tmp_path / "cache").exists()
 
 
 # -- clean --------------------------------------------------------------------------
