@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +48,25 @@ class RecordedPages:
 
     def release_view(self, view: torch.Tensor) -> None:
         self.events.append(("drop", view.data_ptr()))
+
+
+class PagesSharedWithAHelper(RecordedPages):
+    """Recorded pages whose poster (the main thread) converts its first chunk only once an idle worker
+    has taken a chunk of the same weight: chunks are shared, whatever the machine's timing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.converted_by: list[str] = []
+        self._helper_took = threading.Event()
+
+    def map_view(self, view: torch.Tensor) -> None:
+        name = threading.current_thread().name
+        if name != "MainThread":
+            self._helper_took.set()
+        elif not self.converted_by:
+            assert self._helper_took.wait(30), "the idle worker took no chunk"
+        self.converted_by.append(name)
+        super().map_view(view)
 
 
 def _shards(dtype, layout, placement, mesh, shape, transposed):
@@ -130,25 +148,16 @@ def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(t
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[8]], ids=["transposed", "row-parallel-1x8", "row-major"])
 def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, monkeypatch):
-    """An idle worker converts some of the chunks (the poster is slowed so that it must): the file is
-    still the one ttnn dumps, and every chunk's pages were mapped and dropped once."""
+    """An idle worker converts some of the chunks (the poster's first chunk waits until the idle
+    worker has taken one): the file is still the one ttnn dumps, and every chunk's pages were mapped
+    and dropped once."""
     monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)
-    converted_by: list[str] = []
-    convert = tensorbin._convert
-
-    def slow_poster(tensor, fmt):
-        converted_by.append(threading.current_thread().name)
-        if threading.current_thread().name == "MainThread":
-            time.sleep(0.02)
-        return convert(tensor, fmt)
-
     shards, fmt = _shards(*case)
     mesh = case[3]
     ttnn.dump_tensor(tmp_path / "whole.tensorbin", to_host_ttnn(shards, fmt, mesh))
-    monkeypatch.setattr(tensorbin, "_convert", slow_poster)
     board = ChunkBoard(workers=2)
     [helper] = idle_workers(board, 1, name="idle-worker")
-    pages = RecordedPages()
+    pages = PagesSharedWithAHelper()
     fd = os.open(tmp_path / "blocks.tensorbin", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         with board.worker():
@@ -158,6 +167,6 @@ def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, mo
         helper.join(timeout=30)
     whole = (tmp_path / "whole.tensorbin").read_bytes()
     assert (tmp_path / "blocks.tensorbin").read_bytes() == whole and written == len(whole)
-    assert "idle-worker-0" in converted_by, "the idle worker converted chunks"
+    assert "idle-worker-0" in pages.converted_by, "the idle worker converted chunks"
     mapped = [ptr for kind, ptr in pages.events if kind == "map"]
     assert sorted(mapped) == sorted(ptr for kind, ptr in pages.events if kind == "drop") and len(mapped) >= 2
