@@ -17,32 +17,37 @@ from models.common.prefill_cache.maintenance import gc, list_objects
 from models.testing.prefill_factories import row, same_bytes
 
 
-def _holder(object_root, *, store=None, hold_s: float = 60.0) -> tuple[int, int]:
-    """A real other process that claims ``object_root`` (then stores ``store`` and exits, or
-    holds the claim for ``hold_s``); returns (pid, read end of its 'claimed' pipe)."""
+def _holder(object_root, *, store=None, hold_s: float = 60.0) -> tuple[int, int, int]:
+    """A real other process that claims ``object_root`` (then, once told to go, stores ``store`` and
+    exits; or holds the claim for ``hold_s``); returns (pid, read end of its 'claimed' pipe, write end
+    of its 'go' pipe)."""
     ready_read, ready_write = os.pipe()
+    go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            os.close(go_write)
             claim = ProducerClaim(object_root)
             if claim.take():
                 os.write(ready_write, b"x")
                 if store is None:
                     time.sleep(hold_s)
                 else:
-                    time.sleep(0.3)  # "computing"
+                    os.read(go_read, 1)  # "computing" until the test has looked
                     store[0].store_boundary(store[1])
                 code = 0
         finally:
             os._exit(code)
     os.close(ready_write)
-    return pid, ready_read
+    os.close(go_read)
+    return pid, ready_read, go_write
 
 
 def test_a_claim_excludes_other_processes_and_dies_with_its_holder(tmp_path):
     sidecar, _ = row(tmp_path, 1)
-    pid, ready = _holder(sidecar.paths.root)
+    pid, ready, go = _holder(sidecar.paths.root)
+    os.close(go)
     assert os.read(ready, 1) == b"x"
     mine = ProducerClaim(sidecar.paths.root)
     assert not mine.take() and not mine.held
@@ -63,10 +68,12 @@ def test_a_claim_excludes_other_processes_and_dies_with_its_holder(tmp_path):
 
 def test_a_waiter_gets_what_the_holder_stored(tmp_path):
     sidecar, features = row(tmp_path, 2)
-    pid, ready = _holder(sidecar.paths.root, store=(sidecar, features))
+    pid, ready, go = _holder(sidecar.paths.root, store=(sidecar, features))
     assert os.read(ready, 1) == b"x"
     waiter = ProducerClaim(sidecar.paths.root)
     assert sidecar.lookup_boundary() is None
+    os.write(go, b"x")
+    os.close(go)
     assert waiter.wait(60.0)  # returns once the holder stored and exited
     assert same_bytes(sidecar.lookup_boundary(), features)
     waiter.release()

@@ -22,6 +22,7 @@ from models.common.weight_cache.remote.push import push_cache_dir
 from models.common.weight_cache.remote.store_gc import collect_store_garbage, plan_store_gc
 from models.common.weight_cache.remote.store_layout import (
     Manifest,
+    gc_leases_prefix,
     layout_key,
     location_key,
     manifest_json,
@@ -269,6 +270,7 @@ class _DeletesWhenReleased:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.deleting = threading.Event()  # the gc looked at the manifests for the last time
         self.release = threading.Event()
 
     def __getattr__(self, name: str):
@@ -276,8 +278,25 @@ class _DeletesWhenReleased:
 
     def delete(self, key: str) -> None:
         if key.startswith("objects/"):
+            self.deleting.set()
             assert self.release.wait(60), "the push never published"
         self._store.delete(key)
+
+
+class _WaitsForCollectors:
+    """The real store, which says when its pusher, its manifest written, looks for a running gc."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.waiting = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def list_keys(self, prefix: str):
+        if prefix == gc_leases_prefix():
+            self.waiting.set()
+        return self._store.list_keys(prefix)
 
 
 def test_a_manifest_published_while_gc_deletes_its_objects_ends_complete(built_variant, s3_url):
@@ -291,14 +310,20 @@ def test_a_manifest_published_while_gc_deletes_its_objects_ends_complete(built_v
 
     gc = threading.Thread(target=run, args=(lambda: collect_store_garbage(paused, plan, grace=0, threads=2),))
     gc.start()
-    deadline = time.monotonic() + 60
-    while store.list_sizes(manifests_prefix(own.variant_key)) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the gc withdrew the manifest and looked at the manifests; now it deletes
-    pusher = threading.Thread(target=run, args=(lambda: push_cache_dir(built_variant.cache_dir, store, threads=2),))
+    assert paused.deleting.wait(60), f"the gc never deleted: {errors}"  # it withdrew the manifest and looked again
+    assert not store.list_sizes(manifests_prefix(own.variant_key))
+    pushing = _WaitsForCollectors(store)
+
+    def push() -> None:
+        try:
+            push_cache_dir(built_variant.cache_dir, pushing, threads=2)
+        finally:
+            pushing.waiting.set()  # a push that never looked for a gc: the checks below say what it left
+
+    pusher = threading.Thread(target=run, args=(push,))
     pusher.start()
-    while not store.list_sizes(manifests_prefix(own.variant_key)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # the pusher, left alone, would finish now
+    assert pushing.waiting.wait(60), "the push never published"  # left alone, it would finish now
+    assert store.list_sizes(manifests_prefix(own.variant_key)), errors
     paused.release.set()
     gc.join(60)
     pusher.join(60)
