@@ -5,8 +5,8 @@ Every repository path they name (``models/...``, ``scripts/...``, ``tests/...``,
 ``.github/...``, a requirements file) resolves; every link between pages resolves; every dotted
 ``models.`` name is a module, or a name a module defines; every ``python -m X`` module is found by
 :func:`importlib.util.find_spec`; every ``tt-cache`` command in code is a subcommand of the CLI's own
-parser, with options that subcommand takes; and ``docs/layout.md`` names every module under
-``models/`` and no other. A module renamed or moved fails here, naming the page, the line and the name."""
+parser, with options that subcommand takes; the README shows the suites ``.ci/run`` runs, as it runs
+them; and ``docs/layout.md`` names every module under ``models/`` and no other. A module renamed or moved fails here, naming the page, the line and the name."""
 
 from __future__ import annotations
 
@@ -177,10 +177,15 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings}
 
 
+@cache
+def cli_commands() -> dict[str, argparse.ArgumentParser]:
+    return subcommands(build_parser())
+
+
 def tt_cache_problem(command: str, rest: str) -> str | None:
     """Why ``tt-cache COMMAND REST`` is no command of the CLI: an unknown subcommand, or an option it
     does not take. ``prefill ls|verify|gc`` names three subcommands at once."""
-    commands = subcommands(build_parser())
+    commands = cli_commands()
     if command not in commands:
         return f"no subcommand {command!r} (the CLI has {', '.join(commands)})"
     parser, words = commands[command], rest.split()
@@ -212,6 +217,18 @@ def test_every_tt_cache_command_the_docs_show_is_in_the_cli() -> None:
                 if problem:
                     missing.append(f"{where(page, number)}: tt-cache {command}{rest}: {problem}")
     assert not missing, "tt-cache commands the CLI does not have:\n" + "\n".join(missing)
+
+
+def test_the_readme_shows_the_suites_ci_runs() -> None:
+    """``.ci/run`` runs the README's test commands: each suite script it runs, with the ``-m``
+    expression it selects tests by, is in the README's commands as written."""
+    readme = "\n".join(code for _, code in code_of(REPO_ROOT / "README.md"))
+    suites = re.findall(r"(scripts/run_\w*tests\.sh)([^\n]*)", (REPO_ROOT / ".ci" / "run").read_text())
+    assert suites, ".ci/run runs no suite script"
+    for script, arguments in suites:
+        assert script in readme, f"the README does not show {script}"
+        for expression in re.findall(r'-m\s+("[^"]+")', arguments):
+            assert f"{script} " in readme and expression in readme, f"the README does not show {script} -m {expression}"
 
 
 def layout_modules(text: str) -> dict[Path, str]:
