@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where benchmark results go: a JSON file and a PNG bar chart per run (the README shows the PNGs).
+"""Where benchmark results go: a JSON file and a PNG bar chart per run (the docs/ pages show the PNGs).
 
 One home for the output of every ``scripts/bench_*.py``: they print their markdown tables, then call
 :func:`write_results` (or :func:`write_json` and :func:`bar_chart` / :func:`figure`) with the same

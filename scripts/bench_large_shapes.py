@@ -330,7 +330,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
                         help="which figures to measure (with --add, the others are kept from the JSON)")
     parser.add_argument("--from-json", type=Path, metavar="JSON", help="print the tables of an earlier run")
-    parser.add_argument("--readme", action="store_true", help="with --from-json: the README's tables only")
+    parser.add_argument("--readme", action="store_true", help="with --from-json: docs/large-shapes.md's tables only")
     opts = parser.parse_args()
     if opts.from_json:
         report = json.loads(opts.from_json.read_text())

