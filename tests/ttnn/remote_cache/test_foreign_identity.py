@@ -42,7 +42,7 @@ def _foreign(store, marker, location: str, field: str) -> Manifest:
     objects (stored already), its own manifest."""
     manifest = manifest_of(dataclasses.replace(marker, **{field: FOREIGN[field]}), location)
     _write_manifest(store, manifest)
-    assert trusted_manifest(store, manifest.variant_key)[1] == manifest  # complete and well formed: only its identity is wrong
+    assert trusted_manifest(store, manifest.variant_key)[1] == manifest  # complete, well formed: only its identity is off
     return manifest
 
 

@@ -9,7 +9,8 @@ transaction, so a pulled cache is exactly as trustworthy as a built one.
     with BuildTransaction(paths) as build:             (the build lock: one pull or build at a time)
         warm already?  -> done, nothing fetched
         fetch every object into .pulled-objects/       (each hashed as written, checked against its
-                                                        name, fsynced; kept there across a kill)
+                                                        name, fsynced; kept there across a kill; a
+                                                        store that stops answering is retried, .retry)
         link each file into a new generation; drop the staged names
         build.commit(marker, files, expected=digests)  (stamped: the linked files are the bytes
                                                         hashed as written, not read again; the
@@ -61,6 +62,7 @@ from models.common.weight_cache.remote.store_layout import (
     parse_latest,
     parse_manifest,
 )
+from models.common.weight_cache.remote.retry import retrying
 from models.common.weight_cache.remote.store_gc import record_pull
 from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
@@ -264,7 +266,7 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
 
         def fetch(item: tuple[str, int]) -> int:
             digest, size = item
-            _, fetched = fetch_object(store, digest, size, paths.pulled_objects)
+            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects), object_key(digest))
             if progress is not None:
                 progress.weight_done(digest[:16], size)
             return fetched
