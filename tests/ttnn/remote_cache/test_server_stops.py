@@ -11,30 +11,34 @@ import contextlib
 import dataclasses
 import json
 import random
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
 import pytest
 
+from models.common.envs import BadValue
 from models.common.weight_cache import verify_weight_cache
 from models.common.weight_cache.marker import FileRecord, iter_markers
 from models.common.weight_cache.remote.pull import local_status, pull_variant, trusted_manifest
 from models.common.weight_cache.remote.push import push_cache_dir
+from models.common.weight_cache.remote.retry import backoff_delays, retrying
 from models.common.weight_cache.remote.store_layout import (
+    latest_key,
     manifest_json,
     manifest_of,
     manifests_prefix,
     new_manifest_name,
     object_key,
 )
-from models.common.weight_cache.remote.stores import RemoteStoreError
+from models.common.weight_cache.remote.stores import DirectoryStore, RemoteStoreError
 from models.common.weight_cache.remote.transfer import PART_SUFFIX, RANGE_BYTES, verified_parts
 from models.common.weight_cache.remote.urls import open_store
-from models.testing.object_store import kill_seaweed, restart_seaweed, running_seaweed
+from models.testing.object_store import free_ports, kill_seaweed, restart_seaweed, running_seaweed
 from models.testing.tt_cache import REPO_ROOT, cli_env, error_line
 
 LARGE = 8 * RANGE_BYTES + 12345  # eight ranged reads and a bit: the kill lands amid them
@@ -70,26 +74,31 @@ class LargeVariant:
 
 @pytest.fixture(scope="module")
 def large_variant(built_variant, server, tmp_path_factory) -> LargeVariant:
-    """The built variant with one large file more, its objects and manifest written into the
-    module's server through the layout module."""
-    url = f"s3://{server.current.bucket}/large"
+    """The built variant with one large file more in the module's server."""
     with _talking_to(server):
-        store = open_store(url)
-        push_cache_dir(built_variant.cache_dir, store)
-        source = tmp_path_factory.mktemp("large") / "large.tensorbin"
-        source.write_bytes(random.Random(7).randbytes(LARGE))
-        digest = blake3.blake3(source.read_bytes()).hexdigest()
-        store.upload(object_key(digest), verified_parts(source, digest, LARGE), LARGE)
-        source.unlink()
-        marker = built_variant.marker
-        larger = dataclasses.replace(marker, files=(*marker.files, FileRecord(f"{marker.generation}/large.tensorbin",
-                                                                             LARGE, digest)))
-        location = built_variant.cache_dir.relative_to(built_variant.cache_root).as_posix()
-        manifest = manifest_of(larger, location)
-        store.write_small(manifests_prefix(manifest.variant_key) + new_manifest_name(time.time_ns() + 10**9),
-                          manifest_json(manifest), exclusive=True)
-        assert trusted_manifest(store, manifest.variant_key)[1].total_bytes == manifest.total_bytes
-    return LargeVariant(url, manifest.variant_key, digest, location, manifest.total_bytes)
+        return _store_large(open_store(f"s3://{server.current.bucket}/large"), built_variant,
+                            tmp_path_factory.mktemp("large"))
+
+
+def _store_large(store, built_variant, scratch: Path) -> LargeVariant:
+    """The built variant with one large file more, its objects, manifest and ``latest`` written into
+    ``store`` through the layout module."""
+    push_cache_dir(built_variant.cache_dir, store)
+    source = scratch / "large.tensorbin"
+    source.write_bytes(random.Random(7).randbytes(LARGE))
+    digest = blake3.blake3(source.read_bytes()).hexdigest()
+    store.upload(object_key(digest), verified_parts(source, digest, LARGE), LARGE)
+    source.unlink()
+    marker = built_variant.marker
+    larger = dataclasses.replace(marker, files=(*marker.files, FileRecord(f"{marker.generation}/large.tensorbin",
+                                                                         LARGE, digest)))
+    location = built_variant.cache_dir.relative_to(built_variant.cache_root).as_posix()
+    manifest = manifest_of(larger, location)
+    name = new_manifest_name(time.time_ns() + 10**9)
+    store.write_small(manifests_prefix(manifest.variant_key) + name, manifest_json(manifest), exclusive=True)
+    store.write_small(latest_key(manifest.variant_key), name.encode(), exclusive=False)
+    assert trusted_manifest(store, manifest.variant_key)[1].total_bytes == manifest.total_bytes
+    return LargeVariant(store.url, manifest.variant_key, digest, location, manifest.total_bytes)
 
 
 @contextlib.contextmanager
@@ -119,16 +128,20 @@ def _pull_then_kill_the_server(server: Server, variant: LargeVariant, root: Path
     """``tt-cache pull`` of the variant into ``root``, and the server SIGKILLed as soon as the large
     object's part file holds a verified range with more to come. (the running pull, the part's size then)"""
     _serving(server, variant)
+    return _pull_then_kill(variant, root, server.env(TT_CACHE_PATH=str(root), **env),
+                           lambda: kill_seaweed(server.current))
+
+
+def _pull_then_kill(variant: LargeVariant, root: Path, env: dict[str, str], kill: Callable[[], None]):
     part = root / variant.location / ".pulled-objects" / f"{variant.digest}{PART_SUFFIX}"
     pull = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "pull", "--from", variant.url, variant.key,
                              "--threads", "1", "--progress-every", "0", "--json"],
-                            env=server.env(TT_CACHE_PATH=str(root), **env), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while (size := part.stat().st_size if part.exists() else 0) < RANGE_BYTES:
         assert pull.poll() is None and time.monotonic() < deadline, "the pull never fetched a range"
         time.sleep(0.002)
-    kill_seaweed(server.current)
+    kill()
     assert size < LARGE - RANGE_BYTES, size  # the kill landed amid the ranges
     return pull, size
 
@@ -177,3 +190,51 @@ def test_a_server_gone_for_good_fails_the_pull_in_one_line_and_a_later_pull_resu
         resumed = pull_variant(store, manifest, root, manifest_key=key)
     assert resumed.warm and resumed.bytes_fetched <= large_variant.total_bytes - kept
     assert verify_weight_cache(cache_dir, manifest.marker.build_variant) == [] and not staged.exists()
+
+
+def _static_server(root: Path, port: int) -> subprocess.Popen:
+    """The range-answering static server of ``object_store`` in a process of its own, on ``port``."""
+    script = ("import functools, sys; from http.server import ThreadingHTTPServer; "
+              "from models.testing.object_store import RangeRequestHandler; "
+              "server = ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), "
+              "functools.partial(RangeRequestHandler, directory=sys.argv[2])); server.ranges = []; "
+              "server.serve_forever()")
+    process = subprocess.Popen([sys.executable, "-c", script, str(port), str(root)], env=cli_env(), cwd=REPO_ROOT)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return process
+        assert process.poll() is None and time.monotonic() < deadline, "the static server did not start"
+        time.sleep(0.05)
+
+
+def test_an_http_mirror_back_within_the_retry_window_lets_the_pull_complete(built_variant, tmp_path):
+    mirror = tmp_path / "mirror"
+    stored = _store_large(DirectoryStore(mirror, create=True), built_variant, tmp_path)
+    (port,) = free_ports(1)
+    variant = dataclasses.replace(stored, url=f"http://127.0.0.1:{port}")
+    root = tmp_path / "root"
+    servers = [_static_server(mirror, port)]
+    try:
+        pull, _ = _pull_then_kill(variant, root, cli_env(root), lambda: (servers[0].kill(), servers[0].wait()))
+        time.sleep(1.0)
+        servers.append(_static_server(mirror, port))
+        out, err = pull.communicate(timeout=120)
+    finally:
+        for process in servers:
+            process.kill()
+            process.wait()
+    assert pull.returncode == 0, err[-3000:]
+    (document,) = json.loads(out)["variants"]
+    assert document["warm"] and document["bytes_fetched"] < variant.total_bytes  # resumed from the verified prefix
+    cache_dir = root / variant.location
+    ((_, marker, _),) = iter_markers(cache_dir)
+    assert verify_weight_cache(cache_dir, marker.build_variant) == []
+
+
+def test_the_backoff_doubles_to_its_cap_and_adds_up_to_the_window(monkeypatch):
+    assert backoff_delays(30) == [0.5, 1, 2, 4, 8, 8, 6.5] and backoff_delays(0) == []
+    assert backoff_delays(3) == [0.5, 1, 1.5]
+    monkeypatch.setenv("TT_CACHE_REMOTE_RETRY_S", "soon")
+    with pytest.raises(BadValue, match="TT_CACHE_REMOTE_RETRY_S='soon': expected a whole number from 0 to 3600"):
+        retrying(lambda: None, "x")
