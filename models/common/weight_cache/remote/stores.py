@@ -281,7 +281,10 @@ class HttpStore:
             ranged = response.status == 206
             skip = start if start and not ranged else 0  # a server that ignores Range: skip ahead
             left = -1 if end is None or ranged else end - start  # ... and stop at the range's end
+            promised = response.headers.get("Content-Length", "")
+            received = 0
             while left and (chunk := self._chunk(response, key)):
+                received += len(chunk)
                 if skip:
                     dropped = min(skip, len(chunk))
                     chunk, skip = chunk[dropped:], skip - dropped
@@ -290,6 +293,9 @@ class HttpStore:
                     left -= len(chunk)
                 if chunk:
                     yield chunk
+            if left and promised.isdigit() and received < int(promised):  # http.client ends a cut body quietly
+                raise StoreUnreachable(f"{self.url}/{key}: the download broke off after {received:,} of the "
+                                       f"{int(promised):,} bytes the server announced")
 
     def _chunk(self, response, key: str) -> bytes:
         try:
