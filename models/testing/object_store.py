@@ -89,7 +89,7 @@ def start_seaweed(data_dir: Path, timeout: float = 90.0, ports: tuple[int, ...] 
     log.close()
     (data_dir / "data").mkdir(exist_ok=True)
     grpc = dict(zip(_SERVICES, ports[len(_SERVICES):]))
-    sockets = tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{grpc[name]}.sock") for name in ("master", "volume"))
+    sockets = tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{grpc[name]}.sock") for name in grpc if name != "webdav")
     server = SeaweedServer(endpoint, data_dir, process, sockets=sockets, ports=ports)
     deadline = time.monotonic() + timeout
     while not _bucket_answers(server):
