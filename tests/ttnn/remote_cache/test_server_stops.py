@@ -3,7 +3,8 @@
 large object in ranged reads: back within the retry window, the pull completes warm, resuming the
 object from its verified prefix; gone for good, the pull gives up after the bounded retries with one
 line and exit 2, nothing warm left, and once the server is back a new pull fetches only what the
-first one had not verified."""
+first one had not verified. The same for a push (the server killed amid the large object's parts)
+and for an HTTP mirror (its server process killed amid a range)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from models.common.weight_cache.remote.store_layout import (
     object_key,
 )
 from models.common.weight_cache.remote.stores import DirectoryStore, RemoteStoreError
-from models.common.weight_cache.remote.transfer import PART_SUFFIX, RANGE_BYTES, verified_parts
+from models.common.weight_cache.remote.transfer import PART_SUFFIX, RANGE_BYTES, fetch_object, verified_parts
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import free_ports, kill_seaweed, restart_seaweed, running_seaweed
 from models.testing.tt_cache import REPO_ROOT, cli_env, error_line
@@ -190,6 +191,38 @@ def test_a_server_gone_for_good_fails_the_pull_in_one_line_and_a_later_pull_resu
         resumed = pull_variant(store, manifest, root, manifest_key=key)
     assert resumed.warm and resumed.bytes_fetched <= large_variant.total_bytes - kept
     assert verify_weight_cache(cache_dir, manifest.marker.build_variant) == [] and not staged.exists()
+
+
+def test_a_push_outlives_a_server_stopped_mid_upload(server, large_variant, tmp_path):
+    """The large variant pulled here, then pushed to a new prefix; the server SIGKILLed while the
+    large object's parts go up and started again: the push completes, and what it stored is whole."""
+    _serving(server, large_variant)
+    with _talking_to(server):
+        source = open_store(large_variant.url)
+        key, manifest = trusted_manifest(source, large_variant.key)
+        pulled = pull_variant(source, manifest, tmp_path / "root", manifest_key=key)
+    assert pulled.warm
+    target = f"s3://{server.current.bucket}/pushed-{tmp_path.name}"
+    push = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", "push", str(pulled.cache_dir), "--to", target,
+                             "--threads", "1", "--progress-every", "0", "--json"], env=server.env(), cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in push.stderr:  # the transfer's first progress line: the large object goes first
+        if " objects, " in line:
+            break
+    time.sleep(0.5)
+    assert push.poll() is None, "the push ended before the server was stopped"
+    kill_seaweed(server.current)
+    time.sleep(1.0)
+    server.current = restart_seaweed(server.current)
+    out, err = push.communicate(timeout=120)
+    assert push.returncode == 0, err[-3000:]
+    (document,) = json.loads(out)["variants"]
+    assert document["variant_key"] == large_variant.key and document["objects_sent"] == document["objects"]
+    with _talking_to(server):
+        store = open_store(target)
+        _, stored = trusted_manifest(store, large_variant.key)
+        staged = tmp_path / "check"
+        assert fetch_object(store, large_variant.digest, LARGE, staged)[1] == LARGE  # its bytes are its name
 
 
 def _static_server(root: Path, port: int) -> subprocess.Popen:
