@@ -126,6 +126,7 @@ MAX_CONVERT_WORKERS = 256  # a worker holds about 0.5 GB at 70B shapes: far past
 MAX_PREFETCH_THREADS = 64  # streams at once: past this a disk only seeks
 CONVERT_WORKERS = WholeNumber(0, MAX_CONVERT_WORKERS, None, "unset: one per CPU", "0 or 1: one worker")
 PREFETCH_THREADS = WholeNumber(0, MAX_PREFETCH_THREADS, 4, "unset: 4", "0: off")
+REMOTE_RETRY_S = WholeNumber(0, 3600, 30, "unset: 30", "0: no retry")
 
 
 ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
@@ -149,6 +150,10 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "TT_CACHE_REMOTE_PUSH": EnvVar(
         _flag("TT_CACHE_REMOTE_PUSH"), "1/true/yes: a cold build that completes its cache pushes the new variant to "
         "$TT_CACHE_REMOTE (a failed push is one warning; the local cache stays warm)"),
+    "TT_CACHE_REMOTE_RETRY_S": EnvVar.count(
+        "TT_CACHE_REMOTE_RETRY_S", REMOTE_RETRY_S,
+        "seconds an object transfer to or from a shared store that stopped answering is retried, with backoff from "
+        "0.5 s doubling to 8 s, before it fails"),
     "AWS_ENDPOINT_URL": EnvVar(
         _text("AWS_ENDPOINT_URL", ""), "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from "
         "the standard AWS chain and are never shown)"),

@@ -49,6 +49,7 @@ class SeaweedServer:
     process: subprocess.Popen
     bucket: str = BUCKET
     sockets: tuple[Path, ...] = ()  # what weed makes in /tmp whatever its flags, named by this server's ports
+    ports: tuple[int, ...] = ()  # every port it listens on, so that it can be started again on them
 
     def client_env(self, base: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
         """The environment of a client of this server: the standard AWS variables, nothing else."""
@@ -69,11 +70,11 @@ def weed_binary() -> Path:
     return beside if beside.exists() else Path(shutil.which("weed") or "weed")
 
 
-def start_seaweed(data_dir: Path, timeout: float = 90.0) -> SeaweedServer:
-    """``weed mini`` on free loopback ports, its data in ``data_dir``, one bucket; returns once
-    the S3 gateway answers for that bucket."""
+def start_seaweed(data_dir: Path, timeout: float = 90.0, ports: tuple[int, ...] = ()) -> SeaweedServer:
+    """``weed mini`` on free loopback ports (or ``ports``: a server started again), its data in
+    ``data_dir``, one bucket; returns once the S3 gateway answers for that bucket."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2 * len(_SERVICES) + 2)
+    ports = ports or tuple(free_ports(2 * len(_SERVICES) + 2))
     flags = [f"-{name}.port={port}" for name, port in zip(_SERVICES, ports)]
     flags += [f"-{name}.port.grpc={port}" for name, port in zip(_SERVICES, ports[len(_SERVICES):]) if name != "webdav"]
     flags += [f"-s3.port.iceberg={ports[-2]}", f"-s3.port.lance={ports[-1]}"]
@@ -88,8 +89,8 @@ def start_seaweed(data_dir: Path, timeout: float = 90.0) -> SeaweedServer:
     log.close()
     (data_dir / "data").mkdir(exist_ok=True)
     grpc = dict(zip(_SERVICES, ports[len(_SERVICES):]))
-    sockets = tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{grpc[name]}.sock") for name in ("master", "volume"))
-    server = SeaweedServer(endpoint, data_dir, process, sockets=sockets)
+    sockets = tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{grpc[name]}.sock") for name in grpc if name != "webdav")
+    server = SeaweedServer(endpoint, data_dir, process, sockets=sockets, ports=ports)
     deadline = time.monotonic() + timeout
     while not _bucket_answers(server):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -129,6 +130,21 @@ def stop_seaweed(server: SeaweedServer, *, keep_data: bool = False) -> None:
             socket_path.unlink()
     if not keep_data:
         shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+def kill_seaweed(server: SeaweedServer) -> None:
+    """SIGKILL to the server's process group, its data kept: a store that stops mid-transfer."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(10)
+    for socket_path in (*server.sockets, server.data_dir / "s3.sock", server.data_dir / "filer.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
+
+
+def restart_seaweed(server: SeaweedServer) -> SeaweedServer:
+    """``server`` (killed or stopped) started again on its ports with its data: the store back."""
+    return start_seaweed(server.data_dir, ports=server.ports)
 
 
 @contextlib.contextmanager

@@ -97,7 +97,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from models.common.weight_cache.remote.urls import open_store
 
     cache_root = Path(args.cache_root) if args.cache_root else envs.TT_CACHE_PATH
-    results = []
+    results, skipped = [], []
     with _store_errors():
         store = open_store(getattr(args, "from"), endpoint_url=args.endpoint_url)
         if args.manifest:
@@ -109,16 +109,33 @@ def cmd_pull(args: argparse.Namespace) -> int:
             keys = variant_keys_at(store, location)
             if not keys:
                 raise TransferFailed(f"{store.url}: no variant was pushed from {location}")
-            manifests = [trusted_manifest(store, key) for key in keys]
+            manifests, skipped = _usable_here([trusted_manifest(store, key) for key in keys])
+            if not manifests:
+                raise TransferFailed(f"{store.url}: no variant pushed from {location} can be used here ({skipped[0]})")
         for manifest_key, manifest in manifests:
             with _progress(f"pull {manifest.location}", args.progress_every) as progress:
                 results.append(pull_variant(store, manifest, cache_root, manifest_key=manifest_key,
                                             into=Path(args.into) if args.into else None, progress=progress,
                                             threads=args.threads or TRANSFER_THREADS))
     warm = all(result.warm for result in results)
-    emit(args, {"store": store.url, "warm": warm, "variants": [result.as_json() for result in results]},
-         [result.summary() for result in results])
+    emit(args, {"store": store.url, "warm": warm, "variants": [result.as_json() for result in results],
+                "skipped": skipped}, [result.summary() for result in results] + [f"skipped {why}" for why in skipped])
     return EXIT_OK if warm else EXIT_FAILED
+
+
+def _usable_here(manifests: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The manifests of a model or variant dir this host can use, and why each other one is not
+    (another ttnn or tensorbin format: pushed by another host from the same place)."""
+    from models.common.weight_cache.remote.pull import foreign_identity
+
+    usable, skipped = [], []
+    for manifest_key, manifest in manifests:
+        why = foreign_identity(manifest)
+        if why is None:
+            usable.append((manifest_key, manifest))
+        else:
+            skipped.append(f"variant {manifest.variant_key[:16]} ({manifest.location}): {why}")
+    return usable, skipped
 
 
 def _location(directory: Path, cache_root: Path) -> str:

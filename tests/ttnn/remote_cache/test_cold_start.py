@@ -38,3 +38,36 @@ def test_without_the_variant_or_the_store_the_load_builds_cold(built_variant, s3
         monkeypatch.setenv("TT_CACHE_REMOTE", remote)
         loaded = _load(built_variant, tmp_path / f"root{number}")
         assert not loaded.warm and loaded.cached, remote
+
+
+def test_a_store_that_cannot_be_used_is_one_warning_then_a_cold_build(built_variant, seaweed, s3_url, tmp_path,
+                                                                      monkeypatch):
+    """Refused credentials, no credentials, an unknown bucket, an endpoint that does not answer: each
+    cold load says so in one warning, never the secret, and builds cold at once."""
+    from loguru import logger
+
+    from models.testing.object_store import SECRET_KEY
+
+    push_cache_dir(built_variant.cache_dir, open_store(s3_url))
+    (dead_port,) = free_ports(1)
+    cases = {
+        "refused the credentials": (s3_url, {"AWS_SECRET_ACCESS_KEY": SECRET_KEY + "x"}),
+        "no AWS credentials": (s3_url, {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}),
+        "no such bucket": ("s3://no-such-bucket/x", {}),
+        "cannot reach the store": (s3_url, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{dead_port}"}),
+    }
+    for number, (message, (remote, extra)) in enumerate(cases.items()):
+        warnings: list[str] = []
+        sink = logger.add(lambda record: warnings.append(str(record)), level="WARNING", format="{message}")
+        try:
+            with monkeypatch.context() as patch:
+                patch.setenv("TT_CACHE_REMOTE", remote)
+                for variable, value in extra.items():
+                    patch.setenv(variable, value) if value is not None else patch.delenv(variable)
+                loaded = _load(built_variant, tmp_path / f"root{number}")
+        finally:
+            logger.remove(sink)
+        assert not loaded.warm and loaded.cached, message  # built cold, and cached
+        store_lines = [line for line in warnings if remote in line]
+        assert len(store_lines) == 1 and message in store_lines[0] and "building cold" in store_lines[0], warnings
+        assert "\n" not in store_lines[0].strip() and SECRET_KEY not in "".join(warnings), message

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -234,16 +235,28 @@ def test_a_store_that_cannot_be_used_is_one_line_and_exit_2(built_variant, seawe
         "push to a mirror": (["push", variant, "--to", f"http://127.0.0.1:{dead_port}/m"], {}, "read-only"),
         "not a variant key": (["pull", "--from", s3_url, "latest"], {}, "neither a variant key nor a dir"),
         "no such variant dir": (["push", str(tmp_path / "nowhere"), "--to", s3_url], {}, "no such directory"),
+        "pull: unknown bucket": (["pull", "--from", "s3://no-such-bucket/x", key], {}, "no such bucket"),
+        "pull: unreachable endpoint": (["pull", "--from", s3_url, key, "--endpoint-url",
+                                        f"http://127.0.0.1:{dead_port}"], {}, "cannot reach"),
+        "pull: no credentials": (["pull", "--from", s3_url, key],
+                                 {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, "no AWS credentials"),
+        "pull by dir: wrong credentials": (["pull", "--from", s3_url, str(tmp_path / "root" / "m--0123456789abcdef")],
+                                           {"AWS_SECRET_ACCESS_KEY": SECRET_KEY + "x"}, "refused the credentials"),
+        "push: wrong credentials": (["push", variant, "--to", s3_url], {"AWS_SECRET_ACCESS_KEY": SECRET_KEY + "x"},
+                                    "refused the credentials"),
     }
     for name, (argv, extra, message) in cases.items():  # main() in this process: the same code, faster
         with monkeypatch.context() as patch:
             for variable, value in extra.items():
-                patch.setenv(variable, value)
+                patch.setenv(variable, value) if value is not None else patch.delenv(variable)
+            started = time.monotonic()
             code = main([*argv, "--cache-root", str(tmp_path / "root")] if argv[0] == "pull" else argv)
         out, err = capsys.readouterr()
         lines = [line for line in err.splitlines() if line.startswith(f"tt-cache {argv[0]}: ")]
         assert code == 2 and len(lines) == 1 and message in lines[0], (name, err)
         assert "Traceback" not in err and SECRET_KEY not in out + err, name
+        assert time.monotonic() - started < 10, name  # refused at the first request: no transfer to retry
+    assert not (tmp_path / "root").exists() or not list((tmp_path / "root").rglob(".weights_complete.*"))
     wrong = _cli_env(seaweed, AWS_SECRET_ACCESS_KEY=SECRET_KEY + "x")  # and once as a user runs it
     result = tt_cache("pull", "--from", s3_url, key, "--json", env=wrong)
     assert result.returncode == 2 and "refused the credentials" in error_line(result, "pull")

@@ -173,3 +173,30 @@ def test_a_large_object_comes_as_ranged_reads_in_order_and_resumes_from_its_pref
             with pytest.raises(DigestMismatch):
                 fetch_object(reader, digest, size, staging)
             assert os.listdir(staging) == []
+
+
+def test_an_http_body_cut_short_of_its_length_is_a_broken_download_not_a_short_object():
+    """A server that announces a length and closes the connection before it: http.client ends the body
+    quietly, which must not read as a short (corrupt) object, but as a store that stopped answering
+    (retried, the verified prefix kept)."""
+    import socket
+    import threading
+
+    from models.common.weight_cache.remote.stores import StoreUnreachable
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n" + b"x" * 2048)
+
+    thread = threading.Thread(target=answer_half, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(StoreUnreachable, match="broke off after 2,048 of the 4,096 bytes"):
+            b"".join(HttpStore(f"http://127.0.0.1:{listener.getsockname()[1]}").read("objects/x"))
+    finally:
+        thread.join(10)
+        listener.close()

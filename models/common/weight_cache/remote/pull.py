@@ -5,15 +5,23 @@ transaction, so a pulled cache is exactly as trustworthy as a built one.
 ::
 
     the newest trusted manifest of the variant key     (every object it names exists, with its size)
+    a marker of another ttnn or tensorbin format  -> cold, nothing fetched or written (the reason)
     with BuildTransaction(paths) as build:             (the build lock: one pull or build at a time)
         warm already?  -> done, nothing fetched
         fetch every object into .pulled-objects/       (each hashed as written, checked against its
-                                                        name, fsynced; kept there across a kill)
+                                                        name, fsynced; kept there across a kill; a
+                                                        store that stops answering is retried, .retry)
         link each file into a new generation; drop the staged names
         build.commit(marker, files, expected=digests)  (stamped: the linked files are the bytes
                                                         hashed as written, not read again; the
                                                         marker last)
     record the pull in the store (the variant's ``used``, gc's recency; best effort)
+
+**Only this host's identity is pulled.** A manifest's marker records the ttnn and the tensorbin
+format its files were written with; a pull compares them with this host's before it fetches a byte
+(:meth:`~models.common.weight_cache.variant.VariantIdentity.mismatch`, the gate's own comparison,
+against the format probed here), so a variant this host's ttnn cannot read never enters the local
+cache, where it would replace a warm variant of the same build in its dir.
 
 A pull killed anywhere leaves no marker: the next build or pull removes its generation, and the
 objects it verified are not fetched again. A missing or corrupt object fails the pull with nothing
@@ -54,6 +62,7 @@ from models.common.weight_cache.remote.store_layout import (
     parse_latest,
     parse_manifest,
 )
+from models.common.weight_cache.remote.retry import retrying
 from models.common.weight_cache.remote.store_gc import record_pull
 from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
@@ -64,6 +73,7 @@ from models.common.weight_cache.remote.stores import (
     StoreUnavailable,
 )
 from models.common.weight_cache.remote.transfer import TransferProgress, fetch_object, run_all, staged_path
+from models.common.weight_cache.variant import VariantIdentity
 
 
 class CacheNotWritable(RemoteStoreError):
@@ -195,6 +205,20 @@ def local_status(cache_dir: Path, marker: WeightCacheMarker) -> CacheStatus:
                                build_variant=marker.build_variant, force_env=None, content_id=marker.content_id)
 
 
+def host_identity(marker: WeightCacheMarker) -> VariantIdentity:
+    """The identity this host's ttnn gives the build ``marker`` records: the recorded probe of this
+    install, else probed now (a pull writes files this ttnn will read, so the format is compared too)."""
+    here = VariantIdentity.here(marker.build_variant, marker.mesh_shape)
+    if here.ttnn_version is not None and here.tensorbin_format is None:
+        here = VariantIdentity.here(marker.build_variant, marker.mesh_shape, probe=True)
+    return here
+
+
+def foreign_identity(manifest: Manifest) -> str | None:
+    """Why this host cannot use the variant ``manifest`` names, in words (None: it can)."""
+    return manifest.marker.identity.mismatch(host_identity(manifest.marker))
+
+
 def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest_key: str = "",
                  into: Path | None = None, progress: TransferProgress | None = None,
                  threads: int = TRANSFER_THREADS) -> PullResult:
@@ -211,6 +235,9 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
                           len(objects), sum(1 for n in fetched if n), manifest.total_bytes, sum(fetched),
                           time.perf_counter() - start)
 
+    foreign = foreign_identity(manifest)
+    if foreign is not None:  # never fetched, never written: the local cache stays as it was
+        return result(CacheStatus(False, f"not pulled: {foreign}"), False, [])
     try:
         fetched = _pull_into(store, manifest, paths, progress, threads)
     except OSError as error:  # the local disk: full, read-only, failing
@@ -239,7 +266,7 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
 
         def fetch(item: tuple[str, int]) -> int:
             digest, size = item
-            _, fetched = fetch_object(store, digest, size, paths.pulled_objects)
+            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects), object_key(digest))
             if progress is not None:
                 progress.weight_done(digest[:16], size)
             return fetched

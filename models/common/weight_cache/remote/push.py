@@ -42,6 +42,7 @@ from models.common.weight_cache.remote.store_layout import (
     object_key,
     objects_prefix,
 )
+from models.common.weight_cache.remote.retry import retrying
 from models.common.weight_cache.remote.store_gc import wait_for_collectors
 from models.common.weight_cache.remote.stores import (
     TRANSFER_THREADS,
@@ -125,9 +126,7 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
             progress.start(len(missing), sum(r.bytes for r in missing))
 
         def send(record: FileRecord) -> None:
-            key = object_key(record.digest)
-            parts = verified_parts(paths.cache_dir / record.path, record.digest, record.bytes)
-            store.upload(key, parts, record.bytes, exclusive=key not in present)  # a short one there is replaced
+            _send(paths, store, record, present)  # a short one there is replaced
             if progress is not None:
                 progress.weight_done(record.path, record.bytes)
 
@@ -165,11 +164,18 @@ def _resend_lost(paths: VariantPaths, store: Store, wanted: dict[str, FileRecord
     stored = store.list_sizes(objects_prefix())
     lost = [r for digest, r in wanted.items() if stored.get(object_key(digest)) != r.bytes]
 
-    def send(record: FileRecord) -> None:
-        key = object_key(record.digest)
+    run_all(lambda record: _send(paths, store, record, stored), lost, threads)
+    return lost
+
+
+def _send(paths: VariantPaths, store: Store, record: FileRecord, stored: dict[str, int]) -> None:
+    """One object, its bytes proved as they are read; written exclusive unless the store holds a
+    key of that name already (of the wrong size: the caller found it so); retried by :mod:`.retry`."""
+    key = object_key(record.digest)
+
+    def upload() -> None:
         parts = verified_parts(paths.cache_dir / record.path, record.digest, record.bytes)
         store.upload(key, parts, record.bytes, exclusive=key not in stored)
 
-    run_all(send, lost, threads)
-    return lost
+    retrying(upload, key)
 

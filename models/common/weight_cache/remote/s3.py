@@ -11,6 +11,8 @@
 * **Multipart** above :data:`MULTIPART_THRESHOLD`: parts read in order (the name's digest is checked
   as they are read) and sent :data:`PART_THREADS` at a time; the upload is completed only after the
   last part proved the digest, and aborted otherwise, so a wrong object never becomes visible.
+* **Retries**: botocore's are off; an object transfer is retried by :mod:`.retry`'s one rule, and
+  errors are sorted for it here (:class:`StoreUnreachable`: no answer, a broken stream, a 5xx).
 * **Conditional writes**: objects and manifests are written with ``If-None-Match: *``; a store that
   does not implement it (HTTP 501) is written unconditionally, which content addressing makes safe.
 """
@@ -30,6 +32,7 @@ from models.common.weight_cache.remote.stores import (
     RemoteStoreError,
     StoredKey,
     StoreUnavailable,
+    StoreUnreachable,
 )
 
 MULTIPART_THRESHOLD = 64 << 20
@@ -59,7 +62,8 @@ class S3Store:
         self.multipart_threshold = max(multipart_threshold, part_bytes)
         self._conditional = True
         session = boto3.session.Session()
-        config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60,
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"},  # retry.py's rule is the only one
+                        connect_timeout=5, read_timeout=60,
                         max_pool_connections=TRANSFER_THREADS * PART_THREADS,
                         response_checksum_validation="when_required")  # a download is checked against its BLAKE3
         try:
@@ -78,10 +82,13 @@ class S3Store:
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
+            HTTPClientError,
+            IncompleteReadError,
             NoCredentialsError,
             ParamValidationError,
             PartialCredentialsError,
         )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         where = self.url + (key or "")
         try:
@@ -95,14 +102,19 @@ class S3Store:
                 raise StoreUnavailable(f"{self.url}: the store refused the credentials ({code}: {message})") from None
             if code in _MISSING_CODES:
                 raise ObjectMissing(f"{where} is missing") from None
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if status >= 500 and status != 501:  # the server is there but failing (SlowDown, a gateway)
+                raise StoreUnreachable(f"{where}: the store answered {status} ({code}: {message})") from None
             raise RemoteStoreError(f"{where}: {code}: {message}") from None
         except (NoCredentialsError, PartialCredentialsError):
             raise StoreUnavailable(f"{self.url}: no AWS credentials (the standard chain: AWS_ACCESS_KEY_ID and "
                                    "AWS_SECRET_ACCESS_KEY, ~/.aws, an instance role)") from None
         except ParamValidationError as error:
             raise StoreUnavailable(f"{self.url}: {error}") from None
-        except BotoCoreError as error:  # no answer: connection refused, DNS, timeouts
-            raise StoreUnavailable(f"{self.url}: cannot reach the store ({type(error).__name__}: {error})") from None
+        except (BotoConnectionError, HTTPClientError, IncompleteReadError) as error:  # refused, reset, timed out
+            raise StoreUnreachable(f"{where}: cannot reach the store ({type(error).__name__}: {error})") from None
+        except BotoCoreError as error:
+            raise StoreUnavailable(f"{self.url}: {type(error).__name__}: {error}") from None
 
     # -- reading ----------------------------------------------------------------------------
 

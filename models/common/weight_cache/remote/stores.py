@@ -48,6 +48,11 @@ class StoreUnavailable(RemoteStoreError):
     """The store itself cannot be reached or used: unknown bucket, refused credentials, no answer."""
 
 
+class StoreUnreachable(StoreUnavailable):
+    """The store stopped answering: no connection, a transfer broken off or timed out, a 5xx (the
+    one kind :mod:`.retry` tries again)."""
+
+
 class StoreIntegrityError(RemoteStoreError):
     """The store's content is not what a manifest promises: a missing, short or corrupt object."""
 
@@ -242,10 +247,12 @@ class HttpStore:
                 return None
             if error.code == 416:  # asked from the end of the object: nothing more to read
                 return None
+            if error.code >= 500 and error.code != 501:
+                raise StoreUnreachable(f"{self.url}/{key}: HTTP {error.code} {error.reason}") from None
             raise StoreUnavailable(f"{self.url}/{key}: HTTP {error.code} {error.reason}") from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
-            raise StoreUnavailable(f"{self.url}: cannot reach the server ({reason})") from None
+            raise StoreUnreachable(f"{self.url}: cannot reach the server ({reason})") from None
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
         raise StoreUnavailable(f"{self.url}: an HTTP mirror cannot be listed")
@@ -274,7 +281,10 @@ class HttpStore:
             ranged = response.status == 206
             skip = start if start and not ranged else 0  # a server that ignores Range: skip ahead
             left = -1 if end is None or ranged else end - start  # ... and stop at the range's end
+            promised = response.headers.get("Content-Length", "")
+            received = 0
             while left and (chunk := self._chunk(response, key)):
+                received += len(chunk)
                 if skip:
                     dropped = min(skip, len(chunk))
                     chunk, skip = chunk[dropped:], skip - dropped
@@ -283,12 +293,15 @@ class HttpStore:
                     left -= len(chunk)
                 if chunk:
                     yield chunk
+            if left and promised.isdigit() and received < int(promised):  # http.client ends a cut body quietly
+                raise StoreUnreachable(f"{self.url}/{key}: the download broke off after {received:,} of the "
+                                       f"{int(promised):,} bytes the server announced")
 
     def _chunk(self, response, key: str) -> bytes:
         try:
             return response.read(READ_CHUNK)
         except (http.client.HTTPException, OSError) as error:  # the connection dropped mid-object
-            raise StoreUnavailable(f"{self.url}/{key}: the download broke off ({type(error).__name__})") from None
+            raise StoreUnreachable(f"{self.url}/{key}: the download broke off ({type(error).__name__})") from None
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
         response = self._open(key)
