@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import os
 from typing import Any
 
-from models.common.precision import PrecisionPolicy, resolve_policy, uniform_policy
+from models.common.precision import PrecisionPolicy, model_facts, resolve_policy, uniform_policy
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,13 @@ class Family:
         return family_variant(self.name, policy.label, self.layout_version,
                               None if policy.uniform else policy.canonical())
 
-    def policy(self, precision: str | os.PathLike | PrecisionPolicy, model_name: str) -> PrecisionPolicy:
+    def policy(self, precision: str | os.PathLike | PrecisionPolicy, model: str | os.PathLike) -> PrecisionPolicy:
         """The precision policy ``precision`` names (a dtype, ``performance``/``accuracy``, a policy
-        file) for a model of this family, by its checkpoint's name
-        (:func:`models.common.precision.resolve_policy`; :class:`~models.common.precision.PolicyError`)."""
-        return resolve_policy(precision, self.name, self.tensor_groups, model_name)
+        file) for ``model`` (HF id, checkpoint dir or snapshot) of this family: keyed by its name,
+        folded over its decoders (:func:`models.common.precision.resolve_policy`; a bad one is a
+        :class:`~models.common.precision.PolicyError`, a decoder it lacks included)."""
+        name, decoders = model_facts(model)
+        return resolve_policy(precision, self.name, self.tensor_groups, name, decoders)
 
     def default_components(self, config: dict[str, Any]) -> tuple[str, ...]:
         """What a build holds when none are named: every component the checkpoint has (a text-only

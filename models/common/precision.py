@@ -15,7 +15,7 @@ one :class:`PrecisionPolicy`: the groups' dtypes and the decoders that differ fr
 keep ``FF1_FF3`` at ``BFP4``), and ``DecodersPrecision._precision_factory``, which reads a model's
 ``model_params/<model>/{performance,accuracy}_decoder_config.json`` (``parse_decoder_json``: a listed
 decoder is the default settings plus its ``precision_cfg``). tt-transformers keys all of it by the
-model's name (``HF_MODEL``'s base name); so does :func:`named_policy`, with the checkpoint's name.
+model's name (``HF_MODEL``'s base name); so does :data:`MODEL_RULES`, with the checkpoint's name.
 Our groups beyond tt-transformers' (the LM head, Gemma 4's per-layer inputs and vision tower) are
 ``bfloat8_b`` in both, as tt-transformers builds its LM head; embeddings, norms, routers and biases
 keep the dtype the device code reads them in, whatever the policy (:data:`FIXED_GROUPS`).
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.common.checkpoint import CheckpointError, checkpoint_name, read_config, resolve_checkpoint_dir
 from models.common.weight_cache.layout import PRECISIONS as DTYPES
 
 POLICY_NAMES = ("performance", "accuracy")
@@ -92,6 +93,7 @@ MODEL_RULES: dict[str, tuple[tuple[str, str, dict[str, str]], ...]] = {
 # tt-transformers' model_params/<model>/<policy>_decoder_config.json, as their policy files read
 DECODER_FILES: dict[tuple[str, str], dict[int, dict[str, str]]] = {
     ("performance", "Llama-3.1-8B-Instruct"): {31: {"ff1_ff3": "bfloat8_b"}},
+    ("performance", "Qwen3-32B"): {d: {g: "bfloat4_b" for g in DECODER_GROUPS} for d in range(64)},
     ("accuracy", "phi-4"): {0: {"wqkv": "bfloat8_b"}},
 }
 
@@ -158,6 +160,21 @@ class PrecisionPolicy:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
+    def folded(self, n_decoders: int) -> PrecisionPolicy:
+        """The same per-decoder map over a model of ``n_decoders``, in the one form every spelling of
+        it has: each decoder group's dtype the one most of its decoders have (a tie: the first by
+        name), the decoders that differ listed (a file overriding every decoder is a group setting)."""
+        groups, decoders = dict(self.groups), {}
+        for group in DECODER_GROUPS:
+            if group not in groups:
+                continue
+            values = [self.dtype(group, d) for d in range(n_decoders)]
+            groups[group] = min(set(values), key=lambda dtype: (-values.count(dtype), dtype)) if values else groups[group]
+            for decoder, dtype in enumerate(values):
+                if dtype != groups[group]:
+                    decoders.setdefault(decoder, {})[group] = dtype
+        return PrecisionPolicy.of(self.family, groups, decoders, self.label)
+
     def check_decoders(self, n_decoders: int) -> None:
         """A decoder the model does not have is bad input (one line), before anything is built."""
         for decoder, _ in self.decoders:
@@ -193,17 +210,21 @@ def _settings(policy: str, model_name: str) -> dict[str, str]:
     raise AssertionError("the last rule matches every name")
 
 
-def named_policy(policy: str, family: str, groups: tuple[str, ...], model_name: str) -> PrecisionPolicy:
+def _named_map(policy: str, family: str, groups: tuple[str, ...], model_name: str,
+               n_decoders: int | None) -> PrecisionPolicy:
     """``performance`` or ``accuracy`` for one model of a family (its tensor ``groups``), with its
     per-decoder overrides."""
-    return _labelled(_named_map(policy, family, groups, model_name), model_name)
-
-
-def _named_map(policy: str, family: str, groups: tuple[str, ...], model_name: str) -> PrecisionPolicy:
     settings = _settings(policy, model_name)
     decoders = {d: {g: t for g, t in _tt_decoder(over).items() if g in groups}
                 for d, over in DECODER_FILES.get((policy, model_name), {}).items()}
-    return PrecisionPolicy.of(family, {g: settings[g] for g in groups}, decoders)
+    return _canonical(PrecisionPolicy.of(family, {g: settings[g] for g in groups}, decoders), n_decoders)
+
+
+def _canonical(policy: PrecisionPolicy, n_decoders: int | None) -> PrecisionPolicy:
+    if n_decoders is None:
+        return policy
+    policy.check_decoders(n_decoders)
+    return policy.folded(n_decoders)
 
 
 def _tt_decoder(listed: Mapping[str, str]) -> dict[str, str]:
@@ -217,15 +238,31 @@ def uniform_policy(dtype: str, family: str, groups: tuple[str, ...]) -> Precisio
     return PrecisionPolicy.of(family, {g: dtype for g in groups}, label=dtype)
 
 
-def _labelled(policy: PrecisionPolicy, model_name: str) -> PrecisionPolicy:
+def _labelled(policy: PrecisionPolicy, model_name: str, n_decoders: int | None) -> PrecisionPolicy:
     """The policy under the name its map has: a dtype, ``performance``/``accuracy``, or ``custom-<digest8>``."""
     if policy.uniform:
         return PrecisionPolicy(policy.family, policy.groups, policy.decoders, policy.uniform)
     for name in POLICY_NAMES:
-        named = _named_map(name, policy.family, tuple(g for g, _ in policy.groups), model_name)
+        try:
+            named = _named_map(name, policy.family, tuple(g for g, _ in policy.groups), model_name, n_decoders)
+        except PolicyError:  # its own overrides do not fit this model: it is not this map
+            continue
         if (named.groups, named.decoders) == (policy.groups, policy.decoders):
             return PrecisionPolicy(policy.family, policy.groups, policy.decoders, name)
     return PrecisionPolicy(policy.family, policy.groups, policy.decoders, f"custom-{policy.digest}")
+
+
+def model_facts(model: str | os.PathLike) -> tuple[str, int | None]:
+    """What a policy is keyed by: the checkpoint's name, and its decoders where its ``config.json``
+    is on this machine (None otherwise: the map is then left as spelled)."""
+    directory = resolve_checkpoint_dir(model)
+    try:
+        config = read_config(directory) if directory is not None else None
+        text = (config.get("text_config") or config) if isinstance(config, dict) else None
+        layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
+    except (CheckpointError, OSError, ValueError):
+        layers = None
+    return checkpoint_name(model), layers if type(layers) is int and layers > 0 else None
 
 
 def is_policy_file(spec: str | os.PathLike) -> bool:
@@ -235,10 +272,12 @@ def is_policy_file(spec: str | os.PathLike) -> bool:
 
 
 def resolve_policy(spec: str | os.PathLike | PrecisionPolicy, family: str, groups: tuple[str, ...],
-                   model_name: str) -> PrecisionPolicy:
+                   model_name: str, n_decoders: int | None = None) -> PrecisionPolicy:
     """The policy a ``precision=`` names for a model (its checkpoint's name: the per-model
     overrides are keyed by it) of a family with these tensor ``groups`` (the family table's:
-    :meth:`models.registry.Family.policy`): a dtype, a policy name, a policy file or a policy."""
+    :meth:`models.registry.Family.policy`): a dtype, a policy name, a policy file or a policy.
+    With the model's ``n_decoders`` known, a decoder past them is refused and the map folded into
+    its one canonical form (:meth:`PrecisionPolicy.folded`)."""
     if isinstance(spec, PrecisionPolicy):
         if spec.family != family:
             raise PolicyError(f"precision policy {spec.label} is for {spec.family}, not {family}")
@@ -249,9 +288,10 @@ def resolve_policy(spec: str | os.PathLike | PrecisionPolicy, family: str, group
     if text in DTYPES:
         return uniform_policy(text, family, groups)
     if text in POLICY_NAMES:
-        return named_policy(text, family, groups, model_name)
+        return _labelled(_named_map(text, family, groups, model_name, n_decoders), model_name, n_decoders)
     if is_policy_file(text):
-        return _labelled(policy_from_file(Path(text), family, groups, model_name), model_name)
+        policy = _canonical(policy_from_file(Path(text), family, groups, model_name), n_decoders)
+        return _labelled(policy, model_name, n_decoders)
     raise PolicyError(f"precision {text!r}: expected a dtype ({', '.join(DTYPES)}), a policy "
                       f"({', '.join(POLICY_NAMES)}) or a policy file (.json)")
 
@@ -276,7 +316,7 @@ def spec_problem(spec: Any) -> str | None:
 
 def policy_from_file(path: Path, family: str, groups: tuple[str, ...], model_name: str) -> PrecisionPolicy:
     base, whole, decoders = _read_policy_file(path, groups, family)
-    policy = resolve_policy(base, family, groups, model_name)
+    policy = resolve_policy(base, family, groups, model_name)  # unfolded: the caller folds
     settings = {**dict(policy.groups), **whole}
     merged = {d: dict(over) for d, over in policy.decoders}
     for decoder, over in decoders.items():

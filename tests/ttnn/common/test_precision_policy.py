@@ -60,6 +60,9 @@ def test_per_model_rules_and_decoder_overrides_follow_tt_transformers() -> None:
     assert llama8b.dtype("ff1_ff3", 30) == "bfloat4_b" and llama8b.dtype("wqkv", 31) == "bfloat8_b"
     qwen7b = resolve_policy("performance", "qwen2", "Qwen2.5-7B-Instruct")
     assert (qwen7b.dtype("wqkv", 0), qwen7b.dtype("ff1_ff3", 0)) == ("bfloat16", "bfloat8_b")
+    qwen32b = resolve_policy("performance", "qwen3", "Qwen3-32B")
+    assert qwen32b.label == "performance" and {qwen32b.dtype(g, d) for g in DECODER_GROUPS for d in range(64)} == \
+        {"bfloat4_b"} and qwen32b.dtype("lm_head") == "bfloat8_b"
     big = resolve_policy("accuracy", "llama", "Llama-3.1-70B-Instruct")
     assert (big.dtype("ff1_ff3", 0), big.dtype("wqkv", 0)) == ("bfloat4_b", "bfloat8_b")
 
@@ -140,3 +143,23 @@ def test_bad_names_and_out_of_range_decoders_are_refused(tmp_path) -> None:
     far.check_decoders(41)
     with pytest.raises(PolicyError, match="decoder 40 is out of range .the model has 30 decoders, 0 to 29."):
         far.check_decoders(30)
+
+
+def test_a_file_overriding_every_decoder_is_the_group_setting_it_spells(tmp_path) -> None:
+    """tt-transformers' Qwen3-32B file lists all 64 decoders; over the model's decoders (its
+    config.json) that is one map with a group setting, and one variant with its shorter spelling."""
+    model = tmp_path / "Qwen3-4B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    every = write(tmp_path / "every.json", {"decoders": {str(d): {"precision_cfg": {
+        "WQKV": "BFP4", "WO": "BFP4", "FF1_FF3": "BFP4", "FF2": "BFP4"}} for d in range(4)}})
+    short = write(tmp_path / "short.json", {"base": "bfloat4_b", "groups": {"lm_head": "BFP8"}})
+    three = write(tmp_path / "three.json", {"decoders": {str(d): {"precision_cfg": {
+        "WQKV": "BFP4", "WO": "BFP4", "FF1_FF3": "BFP4", "FF2": "BFP4"}} for d in range(3)}})
+    facts = family_facts("qwen3")
+    assert facts.build_variant(facts.policy(every, model)) == facts.build_variant(facts.policy(short, model))
+    assert facts.policy(every, model).decoders == ()
+    assert variant_tag(facts.build_variant(facts.policy(three, model))) != \
+        variant_tag(facts.build_variant(facts.policy(short, model)))
+    with pytest.raises(PolicyError, match="decoder 4 is out of range .the model has 4 decoders"):
+        facts.policy(write(tmp_path / "far.json", {"decoders": {"4": {"precision_cfg": {}}}}), model)
