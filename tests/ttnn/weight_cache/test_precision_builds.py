@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,22 @@ def test_every_bad_policy_is_one_line_exit_2_before_any_work(kind, llama, tmp_pa
         assert done.returncode == 2 and len(lines) == 1 and problem in lines[0], done.stderr[-2000:]
         assert lines[0].startswith(f"tt-cache {command[0]}: ") and "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "cache").exists()  # nothing built, nothing locked
+
+
+def test_gc_keep_plan_keeps_a_cache_only_models_policy_under_the_dir_its_map_names(llama, tmp_path) -> None:
+    """A plan's ``accuracy`` for a Llama 3 is the bfloat8_b build (every group bfloat8_b: one map):
+    with its checkpoint gone (the entry cannot be opened) gc still finds and keeps that variant."""
+    gone = tmp_path / "Llama-3.2-1B"
+    shutil.copytree(llama, gone)
+    root = tmp_path / "cache"
+    kept = loader_for(gone, "accuracy", root)
+    assert kept.precision == "bfloat8_b" and not kept.load().warm
+    other = loader_for(llama, "performance", root)
+    other.load()
+    shutil.rmtree(gone)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"models:\n  - {{model: {gone}, meshes: [N150], precisions: [accuracy]}}\n")
+    gc = tt_cache("gc", str(root), "--max-size", "0", "--keep-plan", str(plan), "--json", env=cli_env())
+    assert gc.returncode == 0, gc.stderr[-2000:]
+    assert json.loads(gc.stdout)["protected"] == [str(kept.paths.marker)]
+    assert {str(p) for p in root.rglob(".weights_complete.*")} == {str(kept.paths.marker)}
