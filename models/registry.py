@@ -4,14 +4,18 @@ or its Hugging Face causal-LM architecture.
 
 Everything else (``tt-cache``, seeding, the vLLM plugin's ``TT<Arch>`` classes) derives its lists
 from :data:`FAMILIES`, so a family added here is served everywhere. Importing this module imports
-nothing heavy (no torch, no ttnn): loaders are imported on demand.
+nothing heavy (no torch, no ttnn): loaders are imported on demand. A family's tensor groups are
+the precision policy groups its loader's weights fall in (:mod:`models.common.precision`).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+import os
 from typing import Any
+
+from models.common.precision import PrecisionPolicy, model_facts, resolve_policy, uniform_policy
 
 
 @dataclass(frozen=True)
@@ -23,17 +27,29 @@ class Family:
 
     name: str
     loader: str
-    model_types: tuple[str, ...]
+    model_types: tuple[str, ...]  # (``tensor_groups``: the precision policy groups its weights are in)
     architectures: tuple[str, ...]
     components: tuple[str, ...] = ("text",)
     layout_version: int = 1
+    tensor_groups: tuple[str, ...] = ("wqkv", "wo", "ff1_ff3", "ff2", "lm_head")
 
-    def build_variant(self, precision: str) -> dict[str, Any]:
+    def build_variant(self, precision: str | PrecisionPolicy) -> dict[str, Any]:
         """The options that decide which files a build writes (matched exactly by the gate, with
-        the rest of the variant's identity: :mod:`models.common.weight_cache.variant`)."""
+        the rest of the variant's identity: :mod:`models.common.weight_cache.variant`): a dtype
+        (every group in it) or a precision policy (:mod:`models.common.precision`)."""
         from models.common.weight_cache.variant import family_variant
 
-        return family_variant(self.name, precision, self.layout_version)
+        policy = uniform_policy(precision, self.name, self.tensor_groups) if isinstance(precision, str) else precision
+        return family_variant(self.name, policy.label, self.layout_version,
+                              None if policy.uniform else policy.canonical())
+
+    def policy(self, precision: str | os.PathLike | PrecisionPolicy, model: str | os.PathLike) -> PrecisionPolicy:
+        """The precision policy ``precision`` names (a dtype, ``performance``/``accuracy``, a policy
+        file) for ``model`` (HF id, checkpoint dir or snapshot) of this family: keyed by its name,
+        folded over its decoders (:func:`models.common.precision.resolve_policy`; a bad one is a
+        :class:`~models.common.precision.PolicyError`, a decoder it lacks included)."""
+        name, decoders = model_facts(model)
+        return resolve_policy(precision, self.name, self.tensor_groups, name, decoders)
 
     def default_components(self, config: dict[str, Any]) -> tuple[str, ...]:
         """What a build holds when none are named: every component the checkpoint has (a text-only
@@ -50,7 +66,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_moe", "models.qwen3:Qwen3MoeLoader", ("qwen3_moe",), ("Qwen3MoeForCausalLM",)),
     Family("gemma3", "models.gemma:Gemma3Loader", ("gemma3_text", "gemma3"), ("Gemma3ForCausalLM",)),
     Family("gemma4", "models.gemma:Gemma4Loader", ("gemma4_text", "gemma4"), ("Gemma4ForCausalLM",),
-           components=("text", "vision")),
+           components=("text", "vision"),
+           tensor_groups=("wqkv", "wo", "ff1_ff3", "ff2", "lm_head", "per_layer_input", "vision")),
 )
 
 FAMILY_LOADERS: dict[str, str] = {f.name: f.loader for f in FAMILIES}

@@ -57,6 +57,14 @@ def read_prompts(path: Path | None) -> list[Any]:
     return prompts
 
 
+def precision_spec(text: str) -> str:
+    from models.common.precision import spec_problem
+
+    if problem := spec_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="google/gemma-3-270m", help="HF id, local checkpoint or hub snapshot")
@@ -69,10 +77,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top_p", type=float, default=0.95)
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
-    parser.add_argument("--precision", choices=["bfloat16", "bfloat8_b", "bfloat4_b"], default=None,
-                        help="weight precision (default: from --optimizations)")
+    parser.add_argument("--precision", type=precision_spec, default=None,
+                        help="a dtype (bfloat16, bfloat8_b, bfloat4_b), a precision policy or a policy file (.json) "
+                             "(default: --optimizations' policy)")
     parser.add_argument("--optimizations", choices=["performance", "accuracy"], default="performance",
-                        help="tt-metal's preset: performance = bfloat8_b weights, accuracy = bfloat16")
+                        help="tt-metal's precision policy (per decoder and tensor group, docs/precision.md)")
     parser.add_argument("--mesh", help="MESH_DEVICE for this run (N150, N300, T3K, TG, '(r,c)')")
     parser.add_argument("--chat", action="store_true",
                         help="send each prompt as one user message through llm.chat (the model's chat template)")

@@ -6,11 +6,11 @@ Per layer (names are the loader's, after renaming checkpoint keys):
 ============================  =====================================  ==================
 weight                        host transform                         format
 ============================  =====================================  ==================
-``attention.wqkv``            q/k/v ``[out,in]`` -> ``[in, out]``,     precision, TILE,
+``attention.wqkv``            q/k/v ``[out,in]`` -> ``[in, out]``,     policy, TILE,
                               fused column-blocked per mesh column   column-parallel
 ``attention.bqkv``            q/k/v biases (Qwen2) in the column     bf16, TILE, split
                               blocks of ``wqkv``, ``[1, out]``       over columns only
-``attention.wo``              ``[in, out]``                          precision, TILE,
+``attention.wo``              ``[in, out]``                          policy, TILE,
                                                                      row-parallel
 ``attention.{q,k}_norm``      ``[1, 1, head_dim/32, 32]``            bf16, ROW_MAJOR
 ``attention_norm`` etc.       ``[1, 1, dim/32, 32]``                 bf16, ROW_MAJOR
@@ -21,7 +21,9 @@ weight                        host transform                         format
 ============================  =====================================  ==================
 
 plus ``tok_embeddings`` (bf16 ROW_MAJOR, replicated), ``norm`` and ``output`` (the LM head,
-``[dim, vocab]`` column-parallel; the embedding when tied). Every transform is a plain torch op,
+``[dim, vocab]`` column-parallel; the embedding when tied). "policy": the dtype the build's precision
+policy gives the weight's tensor group and decoder (:mod:`models.common.precision`); linear weights
+(MLP, experts, LM head too) are TILE in it. Every transform is a plain torch op,
 so the same code runs on real weights (cold) and on storage-free placeholders (warm).
 
 **Checkpoint shapes** (:data:`CHECKPOINT_SHAPES`, every family's tensors, in ``config.json``'s
@@ -299,12 +301,13 @@ class DecoderLoader(WeightLoader):
 
     # formats ---------------------------------------------------------------------------------
 
-    def linear_format(self, placement) -> TensorFormat:
-        return TensorFormat(self.precision_dtype(), ttnn.TILE_LAYOUT, placement)
+    def linear_format(self, placement, weight: str) -> TensorFormat:
+        """A linear weight's format: TILE, in the dtype the precision policy gives ``weight``."""
+        return TensorFormat(self.precision_dtype(weight), ttnn.TILE_LAYOUT, placement)
 
-    def expert_format(self, args: ModelArgs) -> TensorFormat:
+    def expert_format(self, args: ModelArgs, weight: str) -> TensorFormat:
         devices = self.mesh_shape[0] * self.mesh_shape[1]
-        return self.linear_format(EXPERT_PARALLEL if args.num_experts % devices == 0 else REPLICATED)
+        return self.linear_format(EXPERT_PARALLEL if args.num_experts % devices == 0 else REPLICATED, weight)
 
     def norm(self, weight: torch.Tensor) -> torch.Tensor:
         """Hook: a family whose norm scales by ``1 + w`` (gemma) folds the one in here."""
@@ -318,7 +321,7 @@ class DecoderLoader(WeightLoader):
             sink.put("tok_embeddings", state["tok_embeddings.weight"], EMBEDDING_FORMAT)
         # The LM head (the largest weight) goes first, so its write overlaps the layers' conversion.
         head = state["output.weight"] if "output.weight" in state else state["tok_embeddings.weight"]
-        sink.put("output", head.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
+        sink.put("output", head.transpose(0, 1), self.linear_format(COLUMN_PARALLEL, "output"))
         sink.put("norm", self.norm(state["norm.weight"]), self.norm_format)
         for layer in range(args.n_layers):
             self.convert_layer(sink, args, layer)
@@ -344,11 +347,12 @@ class DecoderLoader(WeightLoader):
         cols = self.mesh_shape[1]
         args = self.layer_args(args, layer)
         wqkv = fuse_qkv(*self.qkv_weights(state, p, args), args, cols)
-        sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + "wqkv", wqkv, self.linear_format(COLUMN_PARALLEL, p + "wqkv"))
         if args.qkv_bias:
             bqkv = fuse_qkv_bias(*(state[f"{p}w{name}.bias"] for name in "qkv"), args, cols)
             sink.put(p + "bqkv", bqkv, BIAS_FORMAT)
-        sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], args, cols), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], args, cols),
+                 self.linear_format(ROW_PARALLEL, p + "wo"))
         if args.qk_norm:
             sink.put(p + "q_norm", self.norm(state[p + "q_norm.weight"]), self.norm_format)
             sink.put(p + "k_norm", self.norm(state[p + "k_norm.weight"]), self.norm_format)
@@ -361,13 +365,13 @@ class DecoderLoader(WeightLoader):
     def convert_mlp(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.feed_forward."
         w1, w3 = self.gate_up_weights(state, p, args)
-        sink.put(p + "w1", w1.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "w3", w3.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "w2", state[p + "w2.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "w1", w1.transpose(0, 1), self.linear_format(COLUMN_PARALLEL, p + "w1"))
+        sink.put(p + "w3", w3.transpose(0, 1), self.linear_format(COLUMN_PARALLEL, p + "w3"))
+        sink.put(p + "w2", state[p + "w2.weight"].transpose(0, 1), self.linear_format(ROW_PARALLEL, p + "w2"))
 
     def convert_moe(self, sink: WeightSink, args: ModelArgs, layer: int) -> None:
         state, p = sink.state, f"layers.{layer}.feed_forward."
         sink.put(p + "gate", state[p + "gate.weight"].transpose(0, 1), ROUTER_FORMAT)
-        fmt = self.expert_format(args)
         for name in ("w1", "w3", "w2"):
-            sink.put(f"{p}experts.{name}", stack_experts(state, p, name, args.num_experts), fmt)
+            sink.put(f"{p}experts.{name}", stack_experts(state, p, name, args.num_experts),
+                     self.expert_format(args, f"{p}experts.{name}"))

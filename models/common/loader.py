@@ -60,6 +60,7 @@ from models.common.conversion import LazyStateDict, WeightSink
 from models.common.convert_workers import convert_in_workers, convert_workers
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
+from models.common.precision import PrecisionPolicy
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
@@ -160,7 +161,7 @@ class WeightLoader(ABC):
         model: str | os.PathLike,
         *,
         mesh_shape: str | Sequence[int] = (1, 1),
-        precision: str = "bfloat8_b",
+        precision: str | os.PathLike | PrecisionPolicy = "bfloat8_b",
         cache_root: str | os.PathLike | None = None,
         num_layers: int | None = None,
         components: Iterable[str] | None = None,
@@ -178,13 +179,12 @@ class WeightLoader(ABC):
         threads converting a cold build that streams (a seed, a cold load on the host; default
         ``$TT_CONVERT_WORKERS``, else one per CPU this process may use; 0 to 256; never more than the
         plan's units of work; see :mod:`models.common.convert_workers`). A bad count is a ``ValueError``."""
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
+        self.policy = family_facts(self.family).policy(precision, model)  # PolicyError: a ValueError
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
             raise ValueError(f"num_layers {num_layers!r}: expected a positive int")
         self.model = model
         self.mesh_shape = parse_mesh_shape(mesh_shape)
-        self.precision = precision
+        self.precision = self.policy.label
         self.num_layers = num_layers
         self.all_components = family_facts(self.family).components
         self.components = tuple(sorted(set(components or self.all_components)))
@@ -195,7 +195,7 @@ class WeightLoader(ABC):
         self.force = force
         self.force_env = force_env
         self.cache_root = Path(cache_root or CacheRoot.default().path)
-        self.request = CacheRequest(model, self.build_variant, precision, self.mesh_shape, num_layers, self.cache_root,
+        self.request = CacheRequest(model, self.build_variant, self.precision, self.mesh_shape, num_layers, self.cache_root,
                                     Path(cache_dir) if cache_dir is not None else None)
         self.checkpoint_dir = self.request.checkpoint_dir
         self.prefetch = prefetch_threads(prefetch)
@@ -229,14 +229,20 @@ class WeightLoader(ABC):
     @property
     def build_variant(self) -> dict[str, Any]:
         """Options that change which files a build writes, matched exactly by the gate."""
-        return family_facts(self.family).build_variant(self.precision)
+        return family_facts(self.family).build_variant(self.policy)
 
     @property
     def forced(self) -> bool:
         return is_forced(self.force, self.force_env)
 
-    def precision_dtype(self) -> Any:
-        return PRECISIONS[self.precision]
+    def precision_dtype(self, weight: str | None = None) -> Any:
+        """The ttnn dtype of a weight (its loader name) under this build's precision policy; without
+        a name, the one dtype of a single-dtype policy."""
+        if weight is None:
+            if self.policy.uniform is None:
+                raise ValueError(f"precision {self.precision} has no single dtype: name the weight")
+            return PRECISIONS[self.policy.uniform]
+        return PRECISIONS[self.policy.dtype_of(weight)]
 
     # which cache, and whether it is warm: the torch-free CacheRequest decides
     model_name = property(lambda self: self.request.model_name)
@@ -264,6 +270,7 @@ class WeightLoader(ABC):
         if not self.has_checkpoint_weights and not self.forced:
             self._pull_cache_only()
         args = self.make_args(self.model_config(), self.num_layers)
+        self.policy.check_decoders(args.full_n_layers)
         if self.forced:
             why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
             return self._load_cold(args, f"cold build forced by {why}", start)
@@ -312,6 +319,7 @@ class WeightLoader(ABC):
         return_freed_buffers()
         start = time.perf_counter()
         args = self.make_args(self.model_config(), self.num_layers)
+        self.policy.check_decoders(args.full_n_layers)
         status = self.status(args)
         if not status.warm and not self.forced and self._pulled_from_remote(args):
             status = self.status(args)

@@ -253,9 +253,9 @@ class Gemma4Loader(DecoderLoader):
         wv = None if shape.kv_shared or shape.k_eq_v else state[p + "wv.weight"]
         layer_args = self.layer_args(args, layer)
         fused = fuse_qkv(state[p + "wq.weight"], wk, wv, layer_args, self.mesh_shape[1])
-        sink.put(p + shape.fused_name, fused, self.linear_format(COLUMN_PARALLEL))
+        sink.put(p + shape.fused_name, fused, self.linear_format(COLUMN_PARALLEL, p + shape.fused_name))
         sink.put(p + "wo", column_blocked_output(state[p + "wo.weight"], layer_args, self.mesh_shape[1]),
-                 self.linear_format(ROW_PARALLEL))
+                 self.linear_format(ROW_PARALLEL, p + "wo"))
         for name in ("q_norm",) if shape.kv_shared else ("q_norm", "k_norm"):
             sink.put(p + name, self.norm(state[f"{p}{name}.weight"]), self.norm_format)
 
@@ -266,9 +266,8 @@ class Gemma4Loader(DecoderLoader):
         sink.put(p + "expert_scale", state[p + "expert_scale"].reshape(1, -1), VECTOR_FORMAT)
         gate_up, down = state[p + "experts.gate_up_proj"], state[p + "experts.down_proj"]
         gate, up = gate_up.chunk(2, dim=1)  # [experts, 2 * hidden, dim]: gate rows, then up rows
-        fmt = self.expert_format(args)
         for name, weight in (("w1", gate), ("w3", up), ("w2", down)):
-            sink.put(f"{p}experts.{name}", weight.transpose(1, 2), fmt)
+            sink.put(f"{p}experts.{name}", weight.transpose(1, 2), self.expert_format(args, f"{p}experts.{name}"))
         for name in ("ffn_norm_2", "post_ffn_norm_1", "post_ffn_norm_2"):
             sink.put(f"layers.{layer}.{name}", self.norm(state[f"layers.{layer}.{name}.weight"]), self.norm_format)
 
@@ -276,21 +275,23 @@ class Gemma4Loader(DecoderLoader):
         """The per-layer input block: a gated MLP whose hidden units are the per-layer embedding's."""
         state, p = sink.state, f"layers.{layer}."
         gate, projection = state[p + "per_layer_input_gate.weight"], state[p + "per_layer_projection.weight"]
-        sink.put(p + "per_layer_input_gate", gate.transpose(0, 1), self.linear_format(COLUMN_PARALLEL))
-        sink.put(p + "per_layer_projection", projection.transpose(0, 1), self.linear_format(ROW_PARALLEL))
+        sink.put(p + "per_layer_input_gate", gate.transpose(0, 1),
+                 self.linear_format(COLUMN_PARALLEL, p + "per_layer_input_gate"))
+        sink.put(p + "per_layer_projection", projection.transpose(0, 1),
+                 self.linear_format(ROW_PARALLEL, p + "per_layer_projection"))
         sink.put(p + "post_per_layer_input_norm", self.norm(state[p + "post_per_layer_input_norm.weight"]),
                  self.norm_format)
 
     def convert_per_layer_model_inputs(self, sink: WeightSink) -> None:
         state = sink.state
         projection = state["per_layer_model_projection.weight"].transpose(0, 1)
-        sink.put("per_layer_model_projection", projection, self.linear_format(REPLICATED))
+        sink.put("per_layer_model_projection", projection, self.linear_format(REPLICATED, "per_layer_model_projection"))
         sink.put("per_layer_projection_norm", self.norm(state["per_layer_projection_norm.weight"]), self.norm_format)
 
     # -- vision ---------------------------------------------------------------------------------
 
     def convert_vision(self, sink: WeightSink, args: ModelArgs) -> None:
-        state, linear = sink.state, self.linear_format(REPLICATED)
+        state, linear = sink.state, self.linear_format(REPLICATED, "vision.projector")  # one group: vision
         sink.put("vision.patch_embedding", state["vision.patch_embedding.weight"].transpose(0, 1), linear)
         sink.put("vision.position_embedding", state["vision.position_embedding.weight"], EMBEDDING_FORMAT)
         for layer in range(int(args.config["vision_config"]["num_hidden_layers"])):

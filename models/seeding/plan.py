@@ -6,7 +6,7 @@
     models:
       - model: google/gemma-3-270m        # HF id, local dir or hub snapshot
         meshes: [N150, N300]
-        precisions: [bfloat8_b]
+        precisions: [performance, accuracy, bfloat16]   # a policy, a dtype or a policy file
       - model: /data/llama-3.2-1b
         family: llama                     # optional: from config.json otherwise
         meshes: [T3K]
@@ -14,7 +14,8 @@
         components: [text]                # optional: the family's default otherwise
 
 Parsing checks the plan's shape, and that each combination can be built at all (its mesh and
-precision names; its model on that mesh when its config.json is here: :func:`combination_problem`),
+precision names, a policy file's contents; its model on that mesh and its policy's groups and decoders
+when its config.json is here: :func:`combination_problem`),
 torch-free; the rest is checked before anything is built (:mod:`models.seeding.runner`). The
 same combination written twice is an error; two spellings of one variant (``N150`` and ``1x1``,
 ``components: [text]`` and the family's default) are merged by the runner, which knows the
@@ -33,7 +34,8 @@ from models.common.checkpoint import CheckpointError, read_config, resolve_check
 from models.common.heads import layout_problem
 from models.common.mesh import MeshError, parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.weight_cache.layout import PRECISIONS
+from models.common.precision import PolicyError, spec_problem
+from models.registry import family_facts, family_of
 
 ENTRY_KEYS = {"model", "family", "meshes", "precisions", "components"}
 
@@ -120,19 +122,35 @@ def combination_problem(combination: Combination) -> str | None:
         mesh = parse_mesh_shape(combination.mesh)
     except MeshError as error:
         problems.append(str(error))
-    if combination.precision not in PRECISIONS:
-        problems.append(f"unknown precision {combination.precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if problem := spec_problem(combination.precision):
+        problems.append(problem)
     if problems or mesh is None:
         return "; ".join(problems)
     checkpoint = resolve_checkpoint_dir(combination.model)
     try:
-        args = ModelArgs.from_hf_config(read_config(checkpoint)) if checkpoint else None
+        config = read_config(checkpoint) if checkpoint else None
+        args = ModelArgs.from_hf_config(config) if config else None
     except (CheckpointError, KeyError, TypeError, ValueError):
         return None  # a config.json it cannot use: the seed names it
+    if args is not None and (problem := policy_problem(combination, config, args.full_n_layers)):
+        return problem
     problem = args and layout_problem(args, mesh)
     shape = f"{mesh[0]}x{mesh[1]}"
     named = combination.mesh if combination.mesh == shape else f"{combination.mesh} ({shape})"
     return f"cannot be built on mesh {named}: {problem}" if problem else None
+
+
+def policy_problem(combination: Combination, config: dict[str, Any], n_decoders: int) -> str | None:
+    """Why the combination's precision names no policy of this model (an unknown group for its
+    family, a decoder it does not have), or None; torch-free."""
+    try:
+        facts = family_facts(combination.family or family_of(config))
+        facts.policy(combination.precision, combination.model).check_decoders(n_decoders)
+    except PolicyError as error:
+        return str(error)
+    except ValueError:
+        return None  # an unknown family: the seed names it
+    return None
 
 
 def parse_plan(text: str, path: Path) -> Plan:

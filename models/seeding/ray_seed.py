@@ -77,7 +77,7 @@ class LoaderSpec:
     def of(cls, loader: WeightLoader) -> LoaderSpec:
         kind = type(loader)
         return cls(f"{kind.__module__}:{kind.__qualname__}", os.fspath(loader.model), {
-            "mesh_shape": tuple(loader.mesh_shape), "precision": loader.precision, "num_layers": loader.num_layers,
+            "mesh_shape": tuple(loader.mesh_shape), "precision": loader.policy, "num_layers": loader.num_layers,
             "components": loader.components,
         }, loader.identity)
 

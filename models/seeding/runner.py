@@ -39,7 +39,8 @@ from models.common.checkpoint import (
 )
 from models.common.mesh import MESH_SPELLINGS, parse_mesh_shape
 from models.common.model_args import ModelArgs
-from models.common.weight_cache.layout import PRECISIONS, CacheRoot, VariantPaths, variant_subdir, variant_tag
+from models.common.precision import PolicyError, spec_problem
+from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir, variant_tag
 from models.common.weight_cache.marker import WeightCacheError, iter_markers
 from models.common.weight_cache.remote.after_build import HIT
 from models.common.weight_cache.request import CacheRequest
@@ -119,7 +120,8 @@ def open_request(combination: Combination, cache_root: str | None = None) -> Ope
     family, checkpoint = _family(combination)
     try:
         facts = family_facts(family)
-        request = CacheRequest(combination.model, facts.build_variant(combination.precision), combination.precision,
+        policy = facts.policy(combination.precision, combination.model)
+        request = CacheRequest(combination.model, facts.build_variant(policy), policy.label,
                                parse_mesh_shape(combination.mesh), None, Path(cache_root or envs.TT_CACHE_PATH))
         config = request.model_config()
         request.cache_dir  # noqa: B018 - resolved now: a cache-only model may have none, or several
@@ -135,6 +137,9 @@ def open_request(combination: Combination, cache_root: str | None = None) -> Ope
     where = checkpoint / CONFIG_FILE if checkpoint else f"{combination.model} (config kept with its cache)"
     try:
         n_layers = ModelArgs.from_hf_config(config).n_layers
+        policy.check_decoders(n_layers)
+    except PolicyError as error:
+        raise SeedInputError(f"{combination.model}: {error}") from None
     except KeyError as error:
         raise SeedInputError(f"{where}: missing field {error} that a {family} model needs") from None
     except (TypeError, ValueError) as error:
@@ -283,8 +288,8 @@ def validate_plan(plan: Plan) -> None:
             parse_mesh_shape(combination.mesh)
         except ValueError:
             problems.append(f"mesh {combination.mesh!r} (known: {MESH_SPELLINGS})")
-        if combination.precision not in PRECISIONS:
-            problems.append(f"precision {combination.precision!r} (known: {', '.join(sorted(PRECISIONS))})")
+        if problem := spec_problem(combination.precision):
+            problems.append(problem.removeprefix("unknown "))
         if combination.family is not None and combination.family not in FAMILY_LOADERS:
             problems.append(f"family {combination.family!r} (known: {', '.join(sorted(FAMILY_LOADERS))})")
     if problems:
@@ -467,15 +472,25 @@ def _markers_of_model(combination: Combination, cache_root: Path) -> set[Path]:
     """Every variant built from this model id at the combination's precision and mesh (of its
     family, if the plan names one): what a combination that cannot be opened may still name."""
     wanted = model_id(combination.model)
-    subdir = variant_subdir(combination.precision, parse_mesh_shape(combination.mesh))
+    mesh_dir = variant_subdir("-", parse_mesh_shape(combination.mesh)).name
     found = set()
     for model_dir in CacheRoot(cache_root).model_dirs():
-        for path, marker, _ in iter_markers(model_dir / subdir):
+        for path, marker, _ in (m for d in sorted(model_dir.glob(f"*/{mesh_dir}")) for m in iter_markers(d)):
             if marker is None or (combination.family is not None and marker.family != combination.family):
                 continue
-            if answers_to(VariantPaths(path.parent, marker.build_variant), marker.model_id, wanted):
+            if marker.precision == _policy_label(combination, marker.family) and \
+                    answers_to(VariantPaths(path.parent, marker.build_variant), marker.model_id, wanted):
                 found.add(path)
     return found
+
+
+def _policy_label(combination: Combination, family: str | None) -> str | None:
+    """The variant dir name of the combination's precision for a model of ``family`` (a named
+    policy may be a dtype's build: Llama 3's accuracy is bfloat8_b), None when it names none."""
+    try:
+        return family_facts(family or "").policy(combination.precision, combination.model).label
+    except ValueError:
+        return None
 
 
 def plan_markers(plan: Plan, cache_root: Path) -> set[Path]:

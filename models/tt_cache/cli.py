@@ -99,6 +99,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [v.as_json() for v in variants]
     warm = bool(rows) and all(r["state"] == "warm" for r in rows)
     lines = [f"{Path(r['cache_dir']) / r['marker']}: {'warm' if r['state'] == 'warm' else 'cold: ' + r['reason']}"
+             + (f" [{r['precision']}]" if r["precision"] != "?" else "")  # its precision policy's name
              for r in rows] or [f"{root}: cold: no completion marker under it"]
     emit(args, {"path": str(root), "warm": warm, "variants": rows}, lines)
     return EXIT_OK if warm else EXIT_FAILED
@@ -306,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     build = add_command(sub, "build", cmd_build, "build or warm-load one model")
     build.add_argument("model", help="HF id, checkpoint dir or hub snapshot dir")
     build.add_argument("--family", help="loader family (default: from config.json)")
-    build.add_argument("--precision", default="bfloat8_b")
+    build.add_argument("--precision", default="bfloat8_b",
+                       help="a precision policy (performance, accuracy), a dtype (bfloat16, bfloat8_b, bfloat4_b, "
+                            "float32) or a policy file (.json); default bfloat8_b")
     build.add_argument("--mesh", default="1x1", help="N150, N300, T3K, TG or RxC")
     build.add_argument("--components", nargs="+")
     build.add_argument("--num-layers", type=int)

@@ -17,10 +17,11 @@ TT_SECTION = "tt"
 
 # key: (what it sets, its default)
 OPTIONS: dict[str, tuple[str, Any]] = {
-    "precision": ("weight precision: bfloat16 or bfloat8_b (default: the loader's)", None),
+    "precision": ("weight precision: a dtype (bfloat16, bfloat8_b, bfloat4_b), a precision policy (performance, "
+                  "accuracy) or a policy file (.json) (default: optimizations' policy)", None),
     "checkpoint": ("the weights to serve under vLLM's model (a path or hub id; default: that model)", None),
     "n_layers": ("build only the first N decoder layers (tests, bring-up)", None),
-    "optimizations": ("tt-metal's optimizations name: performance or accuracy", "performance"),
+    "optimizations": ("tt-metal's optimizations: the precision policy performance or accuracy", "performance"),
 }
 
 

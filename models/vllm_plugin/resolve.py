@@ -12,8 +12,9 @@
 * cache root: ``$TT_CACHE_PATH`` (read by the loader itself).
 * mesh: the open ``mesh_device`` if there is one, else ``$MESH_DEVICE`` (``N150|N300|T3K|TG|
   BH-Galaxy|...`` or ``"(r,c)"``), else one device.
-* precision: tt-metal's ``optimizations`` (``performance``: bfloat8_b weights, ``accuracy``:
-  bfloat16), unless a precision is named outright.
+* precision: tt-metal's ``optimizations``, which names its precision policy (``performance`` or
+  ``accuracy``: a dtype per decoder and tensor group, :mod:`models.common.precision`), unless a
+  precision (a dtype, a policy name or a policy file) is named outright.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from loguru import logger
 from models.common import envs
 from models.common.checkpoint import resolve_checkpoint_dir
 from models.common.mesh import MESH_ALIASES, MeshError, MeshShape, parse_mesh_shape
+from models.common.precision import POLICY_NAMES
 
 CHECKPOINT_ENVS = ("MODEL_WEIGHTS_DIR", "HF_MODEL")
 MESH_ENV = "MESH_DEVICE"
-OPTIMIZATION_PRECISIONS = {"performance": "bfloat8_b", "accuracy": "bfloat16"}
 
 
 class ResolveError(ValueError):
@@ -98,10 +99,11 @@ def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
 
 
 def precision_for(optimizations: str | None, precision: str | None = None) -> str:
-    """The weight precision of a build: ``precision`` if named, else the one ``optimizations`` implies."""
+    """The precision of a build: ``precision`` if named, else the policy ``optimizations`` names
+    (the same policy ``tt-cache build --precision performance`` and the demo build: one cache)."""
     if precision:
         return precision
     key = (optimizations or "performance").lower()
-    if key not in OPTIMIZATION_PRECISIONS:
-        raise ResolveError(f"optimizations={optimizations!r}: expected one of {sorted(OPTIMIZATION_PRECISIONS)}")
-    return OPTIMIZATION_PRECISIONS[key]
+    if key not in POLICY_NAMES:
+        raise ResolveError(f"optimizations={optimizations!r}: expected one of {sorted(POLICY_NAMES)}")
+    return key

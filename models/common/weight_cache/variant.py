@@ -5,7 +5,8 @@
 variant.** That is
 
 * the build variant: which files a build writes and how it lays weights out (a family's name,
-  precision and layout version, :func:`family_variant`; a seed API caller's own mapping);
+  precision policy (its label and full per-decoder map: :mod:`models.common.precision`) and layout
+  version, :func:`family_variant`; a seed API caller's own mapping);
 * the mesh shape: how every weight is cut into shards;
 * the ttnn version that wrote the files, and the tensorbin format it writes: what
   ``ttnn.load_tensor`` must read (ttnn changed it in 2025-02, 2025-05 and 2026-09; a source build
@@ -67,9 +68,16 @@ class TensorbinProbeError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
-def family_variant(family: str, precision: str, layout_version: int) -> dict[str, Any]:
-    """A family's build variant: the options that decide which files its builds write."""
-    return {"family": family, "precision": precision, "layout_version": layout_version}
+def family_variant(family: str, precision: str, layout_version: int,
+                   policy: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A family's build variant: the options that decide which files its builds write. ``precision``
+    is the precision policy's label; ``policy`` its full per-decoder map
+    (:meth:`~models.common.precision.PrecisionPolicy.canonical`), absent where one dtype is every
+    group's (so a plain-dtype build keeps the variant, and the cache, it always had)."""
+    variant = {"family": family, "precision": precision, "layout_version": layout_version}
+    if policy is not None:
+        variant["policy"] = dict(policy)
+    return variant
 
 
 def variant_tag(build_variant: Mapping[str, Any] | None) -> str:

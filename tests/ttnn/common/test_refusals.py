@@ -55,7 +55,7 @@ def demo(*args: str, model_data: Path, script: bool = False) -> subprocess.Compl
 
 DEMO_REFUSALS = {
     "mesh": (["--mesh", "T4K"], UNKNOWN_MESH),
-    "precision": (["--precision", "bf7"], "argument --precision: invalid choice: 'bf7'"),
+    "precision": (["--precision", "bf7"], "argument --precision: unknown precision 'bf7': expected a dtype"),
     "model": (["--model", "llama-7b"], "argument --model: invalid choice: 'llama-7b'"),
 }
 
@@ -87,7 +87,7 @@ def test_run_demo_sh_refuses_a_mistyped_mesh_before_preparing(tmp_path) -> None:
 
 BUILD_REFUSALS = {
     "mesh": (["--mesh", "T4K"], UNKNOWN_MESH),
-    "precision": (["--precision", "bf7"], "unknown precision 'bf7': expected one of bfloat16, bfloat8_b"),
+    "precision": (["--precision", "bf7"], "unknown precision 'bf7': expected a dtype (bfloat16, bfloat8_b"),
     "columns": (["--mesh", "1x3"], "cannot be built on mesh 1x3: its MLP hidden size 256 cannot be split over 3 "
                                    "mesh columns"),
     "rows": (["--mesh", "3x1"], "cannot be built on mesh 3x1: its hidden size 128 cannot be split over 3 mesh rows"),

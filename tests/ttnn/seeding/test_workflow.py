@@ -192,4 +192,5 @@ def test_aws_credentials_reach_only_the_store_seed_step_as_the_standard_variable
 
 def test_the_shipped_plan_parses():
     plan = load_plan(REPO_ROOT / ".github" / "warm-cache-plan.yaml")
-    assert len(plan.combinations) == 6
+    assert len(plan.combinations) == 10
+    assert {c.precision for c in plan.combinations} == {"performance", "accuracy", "bfloat16"}  # the policies CI serves

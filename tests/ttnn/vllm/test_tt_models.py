@@ -112,7 +112,7 @@ def test_resolution_follows_tt_metal(monkeypatch, cache_root):
     with pytest.raises(ResolveError, match="MESH_DEVICE='N301'"):
         mesh_shape_for()
 
-    assert precision_for("performance") == "bfloat8_b" and precision_for("accuracy") == "bfloat16"
+    assert precision_for("performance") == "performance" and precision_for("accuracy") == "accuracy"
     assert precision_for("performance", "bfloat16") == "bfloat16"
     with pytest.raises(ResolveError, match="optimizations='fast'"):
         precision_for("fast")
