@@ -20,8 +20,8 @@ one). A policy name the loader does not know yet (``performance``, ``accuracy``)
 :data:`SIMULATED_POLICIES`: the weights of each tensor group taken from a uniform build in that
 group's dtype (the same ttnn tensors a per-group build would write), the rest from the policy's
 default. The JSON and a chart go to ``docs/fidelity.json`` / ``docs/fidelity.png`` through the
-shared ``_bench_output``; rows an earlier run wrote there for other models are kept, so the models
-can be measured one run at a time.
+shared ``_bench_output``; rows an earlier run wrote there that this one did not measure again are
+kept, so models and meshes can be measured one run at a time.
 """
 
 from __future__ import annotations
@@ -193,15 +193,31 @@ def table_row(row: dict[str, Any]) -> str:
             f"{row['top1_rate'] * 100:.1f}% | {agreed} | {row['first_token_equal']}/{row['prompts']} |")
 
 
-def earlier_rows(path: Path, models: list[str], steps: int) -> list[dict[str, Any]]:
-    """The rows an earlier run wrote for other models (at the same steps): a shared machine measures
-    one model at a time, and the table keeps them all."""
+def measured_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    return row["model"], row["mesh"], row["precision"]
+
+
+def earlier_rows(path: Path, rows: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """The rows an earlier run wrote (at the same steps) that this run did not measure again: a
+    shared machine measures one model or mesh at a time, and the table keeps them all."""
     if not path.exists():
         return []
     earlier = json.loads(path.read_text())
     if earlier.get("steps") != steps:
         return []
-    return [row for row in earlier.get("rows", []) if row["model"] not in models]
+    measured = {measured_key(row) for row in rows}
+    return [row for row in earlier.get("rows", []) if measured_key(row) not in measured]
+
+
+def publish(out_dir: Path, steps: int, rows: list[dict[str, Any]]) -> None:
+    """``fidelity.json`` (every row) and ``fidelity.png`` (top-1 agreement per model, mesh and precision)."""
+    groups: dict[str, dict[str, float]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']} {row['mesh']}", {})[row["precision"]] = round(row["top1_rate"] * 100, 1)
+    write_results(out_dir, "fidelity", {"steps": steps, "prompts": PROMPTS, "policies": SIMULATED_POLICIES,
+                                        "rows": rows},
+                  {"": {"groups": groups, "title": f"greedy top-1 agreement with transformers ({steps} steps)",
+                        "ylabel": "% of steps", "value_format": "{:.0f}"}})
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
@@ -221,16 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # see tests/ttnn/real_models/conftest.py: one_torch_thread
     print(HEADER)
-    models = args.model or list(DEFAULT_MODELS)
-    rows = run(models, args.precision or list(DEFAULT_PRECISIONS), args.mesh or [(1, 1), (1, 8)], args.steps)
-    rows = earlier_rows(args.out_dir / "fidelity.json", models, args.steps) + rows
-    groups: dict[str, dict[str, float]] = {}
-    for row in rows:
-        groups.setdefault(f"{row['model']} {row['mesh']}", {})[row["precision"]] = round(row["top1_rate"] * 100, 1)
-    write_results(args.out_dir, "fidelity", {"steps": args.steps, "prompts": PROMPTS, "policies": SIMULATED_POLICIES,
-                                             "rows": rows},
-                  {"": {"groups": groups, "title": f"greedy top-1 agreement with transformers ({args.steps} steps)",
-                        "ylabel": "% of steps", "value_format": "{:.0f}"}})
+    rows = run(args.model or list(DEFAULT_MODELS), args.precision or list(DEFAULT_PRECISIONS),
+               args.mesh or [(1, 1), (1, 8)], args.steps)
+    publish(args.out_dir, args.steps, earlier_rows(args.out_dir / "fidelity.json", rows, args.steps) + rows)
     return 0
 
 
