@@ -84,11 +84,13 @@ def test_every_bfloat4_b_exponent_and_code_reads_as_ttnn():
     assert_as_ttnn(formula)
 
 
-def test_odd_exponents_with_zero_mantissas_keep_the_formula():
+@pytest.mark.parametrize("dtype, tile_bytes, sign_only", [(ttnn.bfloat8_b, BFP8_TILE_BYTES, 0x80),
+                                                           (ttnn.bfloat4_b, BFP4_TILE_BYTES, 0x88)])
+def test_odd_exponents_with_zero_mantissas_keep_the_formula(dtype, tile_bytes, sign_only):
     """All-zero face rows (exponent 0) are common; they need no fallback. Signed zeros read as -0.0."""
-    tensor = ttnn.from_torch(torch.zeros(64, 128), dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT)
-    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0))).view(-1, BFP8_TILE_BYTES)
-    raw[:, 64::3] = 0x80
+    tensor = ttnn.from_torch(torch.zeros(64, 128), dtype=dtype, layout=ttnn.TILE_LAYOUT)
+    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0))).view(-1, tile_bytes)
+    raw[:, 64::3] = sign_only
     assert _tile_decoder(tensor) is not None
     assert_as_ttnn(tensor)
 
