@@ -11,11 +11,14 @@ thread pool (torch releases the GIL), each written once into its place in the re
 
 Tile bytes, as ttnn stores them: 32 x 32 tiles in row-major order, each four 16 x 16 faces (top
 left, top right, bottom left, bottom right), row-major inside a face. bfloat16 and float32 tiles
-are that permutation of the values. A bfloat8_b tile is 64 shared exponents (one per face row of
-16 values, faces in the same order) then 1,024 bytes of sign and 7-bit mantissa; a value is
-``+-mantissa * 2**(exponent - 133)``. ttnn flushes some values of exponents below 7 to zero and
-turns some of exponent 255 into NaNs; a tensor holding any of those is left to ``ttnn.to_torch``
-(the rule stays ttnn's). ``tests/ttnn/vllm/test_readback.py`` checks every (exponent, byte) pair,
+are that permutation of the values. A block-float tile is 64 shared exponents (one per face row of
+16 values, faces in the same order), then a code per value: a sign and a mantissa of ``m`` bits,
+bfloat8_b a byte a value (``m`` = 7), bfloat4_b a nibble a value, the first value of a byte in its
+low nibble (``m`` = 3). A value is ``+-mantissa * 2**(exponent - 127 - (m - 1))``. ttnn flushes
+some values of exponents below ``m`` to zero and turns some of exponent 255 into NaNs; a tensor
+holding any of those is left to ``ttnn.to_torch`` (the rule stays ttnn's). A bfloat4_b block is
+widened to bfloat8_b's bytes (each nibble's sign to bit 7, its mantissa to the low bits) and
+decoded as one. ``tests/ttnn/vllm/test_readback.py`` checks every (exponent, code) pair of both,
 and real weights on several meshes, against ``ttnn.to_torch``.
 """
 
@@ -26,7 +29,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 import ttnn
@@ -35,12 +38,39 @@ TILE = 32
 FACE = 16
 BFP8_EXPONENT_BYTES = 64
 BFP8_TILE_BYTES = BFP8_EXPONENT_BYTES + TILE * TILE
-BFP8_EXPONENTS = (7, 254)  # shared exponents whose every value decodes by the formula (else ttnn's rule)
 BLOCK_BYTES = 8 << 20  # fp32 output per task: small enough to spread, large enough to amortise a task
 TILE_DTYPES = {ttnn.DataType.BFLOAT16: torch.bfloat16, ttnn.DataType.FLOAT32: torch.float32}
 _thread_buffers = threading.local()
 _UNIT = torch.complex128  # 16 bytes: a bfloat8_b face row's codes, moved as one element
-_POWERS = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 133).float()  # 2**(exponent - 133)
+
+
+@dataclass(frozen=True)
+class BlockFloat:
+    """A block-float tile format: 64 shared exponents, then ``bits`` bits a value (sign and mantissa)."""
+
+    bits: int
+
+    @property
+    def tile_bytes(self) -> int:
+        return BFP8_EXPONENT_BYTES + TILE * TILE * self.bits // 8
+
+    @property
+    def exponents(self) -> tuple[int, int]:
+        """The shared exponents whose every value decodes by the formula (else ttnn's rule)."""
+        return self.bits - 1, 254
+
+    @property
+    def mantissa_mask(self) -> int:
+        """The mantissa bits of one code byte (two codes a byte for bfloat4_b)."""
+        return 0x7F if self.bits == 8 else 0x77
+
+    @cached_property
+    def powers(self) -> torch.Tensor:
+        """``2**(exponent - 127 - (m - 1))`` for every exponent (``m`` mantissa bits)."""
+        return torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127 - (self.bits - 2)).float()
+
+
+BLOCK_FLOATS = {ttnn.DataType.BFLOAT8_B: BlockFloat(8), ttnn.DataType.BFLOAT4_B: BlockFloat(4)}
 
 
 def read_threads() -> int:
@@ -102,9 +132,10 @@ def _tile_decoder(shard: ttnn.Tensor) -> tuple[int, int, Decode] | None:
         dtype = TILE_DTYPES[shard.dtype]
         itemsize = dtype.itemsize
         return (rows, width, _detile(raw, itemsize, dtype)) if raw.numel() == rows * TILE * width * itemsize else None
-    if shard.dtype != ttnn.DataType.BFLOAT8_B or raw.numel() != rows * (width // TILE) * BFP8_TILE_BYTES:
+    block = BLOCK_FLOATS.get(shard.dtype)
+    if block is None or raw.numel() != rows * (width // TILE) * block.tile_bytes:
         return None
-    return (rows, width, _decode_bfp8(raw)) if _bfp8_by_formula(raw) else None
+    return (rows, width, _decode_block_float(raw, block)) if _by_formula(raw, block) else None
 
 
 @lru_cache(maxsize=64)
@@ -146,24 +177,43 @@ def _detile(raw: torch.Tensor, itemsize: int, dtype: torch.dtype) -> Decode:
     return run
 
 
-def _bfp8_by_formula(raw: torch.Tensor) -> bool:
-    """Whether every value of a bfloat8_b tensor decodes by the formula: no face row with an
-    exponent outside ``BFP8_EXPONENTS`` holds a nonzero mantissa."""
-    tiles = raw.view(-1, BFP8_TILE_BYTES)
+def _by_formula(raw: torch.Tensor, block: BlockFloat) -> bool:
+    """Whether every value of a block-float tensor decodes by the formula: no face row with an
+    exponent outside ``block.exponents`` holds a nonzero mantissa."""
+    tiles = raw.view(-1, block.tile_bytes)
     exponents = tiles[:, :BFP8_EXPONENT_BYTES]
-    odd = (exponents < BFP8_EXPONENTS[0]) | (exponents > BFP8_EXPONENTS[1])
+    low, high = block.exponents
+    odd = (exponents < low) | (exponents > high)
     if not bool(odd.any()):
         return True
-    mantissas = tiles[:, BFP8_EXPONENT_BYTES:].reshape(-1, 4 * FACE, FACE)
-    return not bool((mantissas[odd] & 0x7F).any())
+    mantissas = tiles[:, BFP8_EXPONENT_BYTES:].reshape(-1, 4 * FACE, FACE * block.bits // 8)
+    return not bool((mantissas[odd] & block.mantissa_mask).any())
 
 
-def _decode_bfp8(raw: torch.Tensor) -> Decode:
+def _as_bfp8_tiles(tiles: torch.Tensor, block: BlockFloat) -> torch.Tensor:
+    """Block-float tiles in bfloat8_b's bytes (this thread's scratch): bfloat8_b's are themselves;
+    a bfloat4_b nibble ``s mmm`` becomes the byte ``s 0000 mmm``, low nibble first."""
+    if block.bits == 8:
+        return tiles
+    packed = tiles.view(-1, block.tile_bytes)
+    wide = _scratch(2, packed.shape[0] * BFP8_TILE_BYTES).view(-1, BFP8_TILE_BYTES)
+    wide[:, :BFP8_EXPONENT_BYTES].copy_(packed[:, :BFP8_EXPONENT_BYTES])
+    codes = wide[:, BFP8_EXPONENT_BYTES:].view(packed.shape[0], -1, 2)
+    nibbles = packed[:, BFP8_EXPONENT_BYTES:]
+    codes[:, :, 0].copy_(nibbles & 0x0F)
+    codes[:, :, 1].copy_(nibbles >> 4)
+    signs = wide[:, BFP8_EXPONENT_BYTES:] & 0x08
+    wide[:, BFP8_EXPONENT_BYTES:].bitwise_and_(0x07).bitwise_or_(signs.bitwise_left_shift_(4))
+    return wide.view(-1)
+
+
+def _decode_block_float(raw: torch.Tensor, block: BlockFloat) -> Decode:
     def run(out: torch.Tensor, first: int, last: int) -> None:
-        """Tile rows ``[first, last)`` of a bfloat8_b tile tensor into ``out``: the sign-and-mantissa
-        bytes put in row order first (a byte a value), made two's complement, widened, scaled."""
+        """Tile rows ``[first, last)`` of a block-float tile tensor into ``out``: its tiles in
+        bfloat8_b's bytes, the sign-and-mantissa bytes put in row order first (a byte a value),
+        made two's complement, widened, scaled."""
         count, columns = last - first, out.shape[1] // TILE
-        tiles = raw[first * columns * BFP8_TILE_BYTES:last * columns * BFP8_TILE_BYTES]
+        tiles = _as_bfp8_tiles(raw[first * columns * block.tile_bytes:last * columns * block.tile_bytes], block)
         codes = _in_row_order(tiles, count, columns, 1, BFP8_EXPONENT_BYTES)
         exponents = tiles.view(count, columns, BFP8_TILE_BYTES)[:, :, :BFP8_EXPONENT_BYTES]
         exponents = exponents.reshape(count, columns, 2, 2, FACE).permute(0, 2, 4, 1, 3).reshape(-1)
@@ -174,9 +224,9 @@ def _decode_bfp8(raw: torch.Tensor) -> Decode:
         signed = codes.bitwise_and_(0x7F).view(torch.int8).bitwise_xor_(negative).sub_(negative)
         rows = out[first * TILE:last * TILE]
         rows.copy_(signed)
-        scale = torch.index_select(_POWERS, 0, exponents.int())  # one a face row, in row order
+        scale = torch.index_select(block.powers, 0, exponents.int())  # one a face row, in row order
         rows.view(-1, FACE).mul_(scale.unsqueeze(-1))
-        if negative_zero:  # ttnn reads the code 0x80 as -0.0; two's complement has no -0
+        if negative_zero:  # ttnn reads a sign with a zero mantissa as -0.0; two's complement has no -0
             rows.masked_fill_((negative < 0) & (signed == 0), -0.0)
     return run
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The host forward's read-back (models.vllm_plugin.readback) against ``ttnn.to_torch``, bit for
-bit: every (exponent, byte) pair of bfloat8_b, bfloat16 / float32 tiles, the tensors it leaves to
+bit: every (exponent, code) pair of bfloat8_b and bfloat4_b, bfloat16 / float32 tiles, the tensors it leaves to
 ttnn, and every weight of real loads on several meshes. Needs no vLLM, so it runs in both environments."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from models.vllm_plugin.host_decoder import ServingWeights
 from models.vllm_plugin.readback import BFP8_TILE_BYTES, _tile_decoder, device_tensors, read_back
 
 EXPONENTS, CODES = 256, 256  # every shared exponent, every sign-and-mantissa byte
+BFP4_TILE_BYTES = 64 + 512  # 64 shared exponents, then a nibble a value
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -60,16 +61,41 @@ def test_every_bfloat8_b_exponent_and_byte_reads_as_ttnn():
     assert_as_ttnn(formula)
 
 
-def test_odd_exponents_with_zero_mantissas_keep_the_formula():
+def bfp4_pairs(exponent_of_row) -> ttnn.Tensor:
+    """A bfloat4_b tensor whose bytes are written directly: face row ``r`` gets exponent
+    ``exponent_of_row(r)`` and holds all 16 codes (two a byte, the first in the low nibble)."""
+    rows = EXPONENTS  # face rows of 16 values
+    tensor = ttnn.from_torch(torch.zeros(32, rows * 16 // 32), dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT)
+    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0))).view(-1, BFP4_TILE_BYTES)
+    raw[:, :64] = exponent_of_row(torch.arange(rows)).to(torch.uint8).view(-1, 64)
+    codes = torch.arange(16, dtype=torch.uint8)
+    raw[:, 64:] = (codes[0::2] | codes[1::2] << 4).repeat(rows).view(-1, 512)
+    return tensor
+
+
+def test_every_bfloat4_b_exponent_and_code_reads_as_ttnn():
+    """The formula for exponents 3-254 (asserted taken), ttnn's own rule for the rest (flushed
+    small values, NaNs of 255), and the signed zero (code 8) as -0.0, as ttnn reads them."""
+    every = bfp4_pairs(lambda row: row)
+    assert _tile_decoder(every) is None  # flushed and NaN codes present: ttnn decodes
+    assert_as_ttnn(every)
+    formula = bfp4_pairs(lambda row: 3 + row % 252)
+    assert _tile_decoder(formula) is not None
+    assert_as_ttnn(formula)
+
+
+@pytest.mark.parametrize("dtype, tile_bytes, sign_only", [(ttnn.bfloat8_b, BFP8_TILE_BYTES, 0x80),
+                                                           (ttnn.bfloat4_b, BFP4_TILE_BYTES, 0x88)])
+def test_odd_exponents_with_zero_mantissas_keep_the_formula(dtype, tile_bytes, sign_only):
     """All-zero face rows (exponent 0) are common; they need no fallback. Signed zeros read as -0.0."""
-    tensor = ttnn.from_torch(torch.zeros(64, 128), dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT)
-    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0))).view(-1, BFP8_TILE_BYTES)
-    raw[:, 64::3] = 0x80
+    tensor = ttnn.from_torch(torch.zeros(64, 128), dtype=dtype, layout=ttnn.TILE_LAYOUT)
+    raw = torch.from_dlpack(tensor.host_buffer().get_shard(ttnn.MeshCoordinate(0, 0))).view(-1, tile_bytes)
+    raw[:, 64::3] = sign_only
     assert _tile_decoder(tensor) is not None
     assert_as_ttnn(tensor)
 
 
-@pytest.mark.parametrize("dtype", [ttnn.bfloat16, ttnn.float32, ttnn.bfloat8_b])
+@pytest.mark.parametrize("dtype", [ttnn.bfloat16, ttnn.float32, ttnn.bfloat8_b, ttnn.bfloat4_b])
 @pytest.mark.parametrize("shape", [(64, 96), (3, 32, 64), (1, 1, 96, 4096)])
 def test_tile_tensors_read_as_ttnn(dtype, shape):
     torch.manual_seed(0)
@@ -81,7 +107,8 @@ def test_tile_tensors_read_as_ttnn(dtype, shape):
 @pytest.mark.parametrize("tensor", [
     pytest.param(lambda: ttnn.from_torch(torch.randn(40, 50), dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT), id="padded"),
     pytest.param(lambda: ttnn.from_torch(torch.randn(1, 1, 20, 32), dtype=ttnn.float32), id="row-major"),
-    pytest.param(lambda: ttnn.from_torch(torch.randn(64, 64), dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT), id="bfloat4_b"),
+    pytest.param(lambda: ttnn.from_torch(torch.randn(40, 50), dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT),
+                 id="padded-bfloat4_b"),
 ])
 def test_tensors_left_to_ttnn_read_as_ttnn(tensor):
     tensor = tensor()
@@ -90,7 +117,7 @@ def test_tensors_left_to_ttnn_read_as_ttnn(tensor):
 
 
 @pytest.mark.parametrize("mesh", [(1, 1), (1, 2), (2, 1), (2, 2)])
-@pytest.mark.parametrize("precision", ["bfloat16", "bfloat8_b"])
+@pytest.mark.parametrize("precision", ["bfloat16", "bfloat8_b", "bfloat4_b"])
 def test_served_weights_are_the_cached_tensors_values(tmp_path_factory, mesh, precision):
     """Every weight of a loaded Gemma 3 and Qwen 3, per mesh column, equals the read-back through
     ``ttnn.to_torch`` (CachedWeights) bit for bit."""

@@ -33,7 +33,7 @@ WORKER_ALLOWANCE = 256 * MiB  # what each further conversion worker may add at t
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_moe"])
-@pytest.mark.parametrize("precision", ["bfloat16", "bfloat8_b"])
+@pytest.mark.parametrize("precision", ["bfloat16", "bfloat8_b", "bfloat4_b"])
 def test_a_cold_load_hands_back_the_tensors_an_in_memory_build_makes(family, precision, tmp_path):
     checkpoint = make_checkpoint(family, tmp_path / f"tiny-{family}")
     cls = loader_class(family)
@@ -101,24 +101,32 @@ def one_layer_llama_shape(tmp_path_factory) -> Path:
     return make_in_child(tmp_path_factory.mktemp("llama-shaped-1") / "llama-1-layer", 1)
 
 
-def test_a_streamed_build_of_large_weights_on_two_workers_is_the_in_memory_build(one_layer_llama_shape, tmp_path):
+@pytest.mark.parametrize("precision", ["bfloat8_b", "bfloat4_b"])
+def test_a_streamed_build_of_large_weights_on_two_workers_is_the_in_memory_build(one_layer_llama_shape, tmp_path,
+                                                                                 precision):
     """The embedding and the LM head (125 MiB each) are written block by block, on two workers: the
     tensors read back equal those a whole conversion in memory makes."""
     cls = loader_class("llama")
-    streamed = cls(one_layer_llama_shape, precision="bfloat8_b", cache_root=tmp_path / "cache", mesh_shape=(1, 2),
+    streamed = cls(one_layer_llama_shape, precision=precision, cache_root=tmp_path / "cache", mesh_shape=(1, 2),
                    workers=2).load()
     assert streamed.cached and streamed.timings.get("workers") == 2
-    _assert_same_tensors(streamed, _in_memory(cls, one_layer_llama_shape, "bfloat8_b", (1, 2), tmp_path))
+    _assert_same_tensors(streamed, _in_memory(cls, one_layer_llama_shape, precision, (1, 2), tmp_path))
 
 
-@pytest.mark.parametrize("mode, mesh, workers", [("seed", "1x1", 1), ("load", "1x1", 1), ("load", "1x8", 2)])
+@pytest.mark.parametrize("mode, mesh, workers, precision", [
+    ("seed", "1x1", 1, "bfloat16"), ("load", "1x1", 1, "bfloat16"), ("load", "1x8", 2, "bfloat16"),
+    pytest.param("seed", "1x1", 1, "bfloat4_b", marks=pytest.mark.slow),  # 35-40 s each
+    pytest.param("load", "1x8", 2, "bfloat4_b", marks=pytest.mark.slow),
+])
 def test_a_cold_build_peaks_within_the_largest_tensor_and_half_a_gib(one_layer_llama_shape, tmp_path, mode, mesh,
-                                                                      workers):
-    rc, report, err = run_seed_child(mode, one_layer_llama_shape, tmp_path / mode, mesh=mesh, workers=workers)
+                                                                      workers, precision):
+    rc, report, err = run_seed_child(mode, one_layer_llama_shape, tmp_path / mode, mesh=mesh, workers=workers,
+                                     precision=precision)
     assert rc == 0 and report and report["complete"] and report["workers"] == workers, err
     added = report["peak"] - report["import_peak"]
     bound = PEAK_ALLOWANCE + (workers - 1) * WORKER_ALLOWANCE
-    assert added <= bound, f"{mode} on {mesh} added {added / MiB:.0f} MiB over its imports (bound {bound / MiB:.0f})"
+    assert added <= bound, (f"{mode} {precision} on {mesh} added {added / MiB:.0f} MiB over its imports "
+                            f"(bound {bound / MiB:.0f})")
 
 
 def _kill_while_writing_blocks(checkpoint: Path, root: Path, delay: float) -> None:

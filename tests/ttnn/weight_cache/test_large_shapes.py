@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """At the tensor shapes users run: a checkpoint with Llama-3.1-70B's shapes (hidden 8192, MLP 28672,
 vocabulary 128256, 64/8 heads, untied head; 2 layers, 7.1 GiB in three shards with an index) builds
-cold, as ``seed()`` and as ``load()``, on N150, T3K and TG, in both precisions, within the imports +
+cold, as ``seed()`` and as ``load()``, on N150, T3K and TG, in bfloat16, bfloat8_b and bfloat4_b, within the imports +
 the largest tensor (the 2.0 GiB embedding or head) + half a GiB, in fresh processes (``VmHWM``).
 The long form: ``scripts/bench_large_shapes.py`` measures the same builds side by side with the naive
 loop, and the default suite holds the bound on a small shape of the same profile
@@ -36,6 +36,7 @@ def seventy_b_shaped(tmp_path_factory) -> Iterator[Path]:
     ("seed", "1x1", "bfloat8_b", 1), ("load", "1x1", "bfloat8_b", 1), ("load", "1x1", "bfloat16", 2),
     ("seed", "1x8", "bfloat8_b", 2), ("load", "1x8", "bfloat16", 1),
     ("seed", "8x4", "bfloat16", 1), ("load", "8x4", "bfloat8_b", 2),
+    ("seed", "1x1", "bfloat4_b", 1), ("load", "1x8", "bfloat4_b", 2),
 ])
 def test_a_70b_shaped_cold_build_peaks_within_the_largest_tensor_and_half_a_gib(seventy_b_shaped, tmp_path, mode,
                                                                                  mesh, precision, workers):

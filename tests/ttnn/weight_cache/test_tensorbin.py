@@ -19,6 +19,8 @@ from models.common.sharding import shard
 from models.common.weight_cache import tensor_cache, tensorbin
 from models.common.weight_cache.chunk_board import ChunkBoard
 from models.common.weight_cache.tensor_cache import TensorCache, TensorFormat, to_host_ttnn
+from models.registry import loader_class
+from models.testing.tiny_models import make_checkpoint, tensors_of
 from tests.ttnn.weight_cache.idle_workers import idle_workers
 
 CASES = [  # dtype, layout, placement, mesh, stored shape, a transposed view of it (as a family hands over)
@@ -29,10 +31,14 @@ CASES = [  # dtype, layout, placement, mesh, stored shape, a transposed view of 
     ("bfloat16", "TILE", ROW_PARALLEL, (1, 8), (256, 1024), True),
     ("bfloat8_b", "TILE", COLUMN_PARALLEL, (8, 4), (512, 1024), True),
     ("bfloat8_b", "TILE", ROW_PARALLEL, (8, 4), (1024, 1024), True),
+    ("bfloat4_b", "TILE", COLUMN_PARALLEL, (1, 1), (320, 256), True),
     ("bfloat4_b", "TILE", COLUMN_PARALLEL, (1, 2), (320, 256), True),
+    ("bfloat4_b", "TILE", ROW_PARALLEL, (1, 8), (256, 1024), True),
+    ("bfloat4_b", "TILE", COLUMN_PARALLEL, (8, 4), (512, 1024), True),
     ("bfloat16", "ROW_MAJOR", REPLICATED, (1, 1), (1000, 64), False),
     ("bfloat16", "ROW_MAJOR", REPLICATED, (8, 4), (1000, 64), False),
     ("bfloat8_b", "TILE", EXPERT_PARALLEL, (1, 2), (8, 64, 96), False),
+    ("bfloat4_b", "TILE", EXPERT_PARALLEL, (1, 2), (8, 64, 96), False),
 ]
 
 
@@ -125,11 +131,12 @@ def _cold_cache(root: Path, weight: torch.Tensor, fmt: TensorFormat) -> list[str
         return cache.finish()
 
 
-def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat4_b"])
+def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(dtype, tmp_path, monkeypatch):
     monkeypatch.setattr(tensor_cache, "STREAM_BLOCKS_FROM", 0)
     monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 32 << 10)
     weight = (torch.randn(512, 320, generator=torch.Generator().manual_seed(3)) * 0.05).to(torch.bfloat16).T
-    fmt = TensorFormat(ttnn.bfloat8_b, ttnn.TILE_LAYOUT, COLUMN_PARALLEL)
+    fmt = TensorFormat(getattr(ttnn, dtype), ttnn.TILE_LAYOUT, COLUMN_PARALLEL)
     ttnn.dump_tensor(tmp_path / "whole.tensorbin", ttnn.from_torch(weight, dtype=fmt.dtype, layout=fmt.layout))
     whole = (tmp_path / "whole.tensorbin").read_bytes()
 
@@ -146,7 +153,7 @@ def test_a_cold_build_writes_large_weights_block_by_block_and_falls_back_whole(t
         assert [p.name for p in (tmp_path / root).rglob("*")] == blocks, root
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[8]], ids=["transposed", "row-parallel-1x8", "row-major"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[11]], ids=["transposed", "row-parallel-1x8", "row-major"])
 def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, monkeypatch):
     """An idle worker converts some of the chunks (the poster's first chunk waits until the idle
     worker has taken one): the file is still the one ttnn dumps, and every chunk's pages were mapped
@@ -170,3 +177,56 @@ def test_chunks_shared_with_an_idle_worker_make_the_same_file(case, tmp_path, mo
     assert "idle-worker-0" in pages.converted_by, "the idle worker converted chunks"
     mapped = [ptr for kind, ptr in pages.events if kind == "map"]
     assert sorted(mapped) == sorted(ptr for kind, ptr in pages.events if kind == "drop") and len(mapped) >= 2
+
+
+@pytest.mark.parametrize("mesh", [(1, 1), (1, 8)], ids=["1x1", "1x8"])
+def test_a_bfloat4_b_build_writes_each_file_as_ttnn_writes_it(mesh, tmp_path, monkeypatch):
+    """A tiny Llama built cold in bfloat4_b, every weight that can stream written block by block (a
+    few KiB a chunk): each file is what ``ttnn.as_tensor`` writes for the weight the build handed
+    over (on a mesh: ``ttnn.dump_tensor`` of its shards joined, as ``as_tensor`` with a mapper),
+    and the warm load reads back the cold build's tensors."""
+    monkeypatch.setattr(tensor_cache, "STREAM_BLOCKS_FROM", 0)
+    monkeypatch.setattr(tensorbin, "BLOCK_BYTES", 8 << 10)
+    handed: dict[str, tuple[torch.Tensor, TensorFormat]] = {}
+    streamed: list[str] = []
+    as_tensor, write_blocks = TensorCache.as_tensor, TensorCache._write_blocks
+
+    def recording(self, name, tensor, fmt, **kwargs):
+        if self.rebuild:  # the build's weight (the read that follows it hands over placeholders)
+            # a copy (a streamed chunk's checkpoint pages are dropped), contiguous (as_tensor takes no view)
+            handed[tensor_cache.tensorbin_name(name, fmt)] = (tensor.contiguous().clone(), fmt)
+        return as_tensor(self, name, tensor, fmt, **kwargs)
+
+    def recording_blocks(self, name, relative, *args, **kwargs):
+        streamed.append(relative)
+        return write_blocks(self, name, relative, *args, **kwargs)
+
+    monkeypatch.setattr(TensorCache, "as_tensor", recording)
+    monkeypatch.setattr(TensorCache, "_write_blocks", recording_blocks)
+    checkpoint = make_checkpoint("llama", tmp_path / "tiny-llama")
+    cache_root = tmp_path / "cache"
+    cold = loader_class("llama")(checkpoint, precision="bfloat4_b", cache_root=cache_root, mesh_shape=mesh).load()
+    assert not cold.warm and cold.cached
+    block_floats = sorted(r for r, (_, fmt) in handed.items() if fmt.dtype == ttnn.bfloat4_b)
+    # the LM head and the column-parallel weights: their shards are tile rows enough to stream
+    assert len(set(block_floats) & set(streamed)) >= 7, "bfloat4_b weights written block by block"
+    files = {p.relative_to(p.parents[len(Path(r).parts) - 1]).as_posix(): p
+             for r in handed for p in cache_root.rglob(Path(r).name) if p.as_posix().endswith("/" + r)}
+    for relative in block_floats:
+        tensor, fmt = handed[relative]
+        expected = tmp_path / "expected" / relative
+        expected.parent.mkdir(parents=True, exist_ok=True)
+        if mesh == (1, 1):
+            ttnn.as_tensor(tensor, dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT,
+                           cache_file_name=str(expected).removesuffix("_dtype_BFLOAT4_B_layout_TILE.tensorbin"))
+        else:
+            joined = ttnn.from_host_shards([ttnn.from_torch(s, dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT)
+                                            for s in shard(tensor, fmt.placement, mesh)], ttnn.MeshShape(*mesh))
+            ttnn.dump_tensor(expected, joined)
+        assert files[relative].read_bytes() == expected.read_bytes(), relative
+    warm = loader_class("llama")(checkpoint, precision="bfloat4_b", cache_root=cache_root, mesh_shape=mesh).load()
+    assert warm.warm, warm.reason
+    cold_tensors, warm_tensors = tensors_of(cold), tensors_of(warm)
+    assert cold_tensors.keys() == warm_tensors.keys()
+    for name, shards in cold_tensors.items():
+        assert all(torch.equal(a, b) for a, b in zip(shards, warm_tensors[name], strict=True)), name
