@@ -44,7 +44,9 @@ from loguru import logger
 
 from models.common.build_plan import PlannedWeight, partition, plan_weights
 from models.common.checkpoint import CheckpointError
-from models.common.loader import STREAM_PENDING_BYTES, SeedResult, WeightLoader, return_freed_buffers
+from models.common.cold_build import draft_build_marker
+from models.common.converter import STREAM_PENDING_BYTES
+from models.common.loader import SeedResult, WeightLoader, return_freed_buffers
 from models.common.safetensors_file import CheckpointReader
 from models.common.weight_cache.build import BuildTransaction
 from models.common.weight_cache.remote.after_build import push_after_build
@@ -175,7 +177,7 @@ def _prepare(loader: WeightLoader, start: float, transactions: contextlib.ExitSt
     and open the generation the tasks write into."""
     args = loader.make_args(loader.model_config(), loader.num_layers)
     status = loader.status(args)
-    if not status.warm and not loader.forced and loader._pulled_from_remote(args):  # the loader's cold start
+    if not status.warm and not loader.forced and loader.pull_from_remote(args):  # the loader's cold start
         status = loader.status(args)
     if status.warm and not loader.forced:
         return SeedResult(loader.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
@@ -301,7 +303,7 @@ def _finish(variant: _Variant, host: dict[str, Any], sidecar: str | None, got: d
         else:
             try:
                 reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, variant.proof)
-                marker = loader.draft_marker(variant.args, LazyStateDict(reader), host)
+                marker = draft_build_marker(loader, variant.args, LazyStateDict(reader), host)
                 variant.proof.check()  # the host weights and headers the driver read, still the content id's
                 variant.build.commit(marker, files, sidecar)
                 complete = loader.status(variant.args).warm
