@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.common.build_plan import partition
+from models.common.build_plan import PlannedWeight, partition
 from models.common.checkpoint import CheckpointError
 from models.common.cold_build import ColdBuild
 from models.common.converter import Build, Converted, convert_units, streaming_cache
@@ -85,8 +85,10 @@ class LoaderSpec:
         return getattr(importlib.import_module(module), name)(self.model, **self.options)
 
 
-def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[str, Any]:
-    """One task: convert the weights ``names`` of ``spec``'s build into ``target_dir``.
+def convert_part(spec: LoaderSpec, names: list[str], target_dir: str,
+                 plan: list[PlannedWeight] | None = None) -> dict[str, Any]:
+    """One task: convert the weights ``names`` of ``spec``'s build into ``target_dir``; ``plan``:
+    the driver's (else planned here, from the headers).
 
     Runs in a Ray worker (or anywhere): returns ``{"sizes": {file: bytes}, "from_torch": s,
     "pid": pid}``. Memory stays bounded as in the streaming seed."""
@@ -103,7 +105,8 @@ def convert_part(spec: LoaderSpec, names: list[str], target_dir: str) -> dict[st
     args = loader.make_args(loader.model_config(), loader.num_layers)
     with ProvenCheckpoint(spec.identity) as proof:
         proof.check_config(args.config)
-        plan = plan_weights(loader, args, proof)  # which units hold ``names``: the driver's plan, again
+        if plan is None:
+            plan = plan_weights(loader, args, proof)
         reader = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)
         with streaming_cache(loader, Path(target_dir)) as cache:
             with conversion_threads():
@@ -156,7 +159,8 @@ class RayConverter:
     then collects one build's tasks (every one, even after a failure: none still writes into a
     generation its transaction removes) and raises the first failure."""
 
-    def __init__(self, remote_part: Any, parts: int) -> None:
+    def __init__(self, ray: Any, remote_part: Any, parts: int) -> None:
+        self.ray = ray
         self.remote_part = remote_part
         self.parts = parts
         self._tasks: dict[int, list[Any]] = {}
@@ -167,12 +171,12 @@ class RayConverter:
             raise OSError(f"cannot write {build.loader.cache_dir}")
         # the files as the driver's plan proved them: a task needs only their fstat
         spec = dataclasses.replace(LoaderSpec.of(build.loader), identity=build.proof.proven_identity())
-        self._tasks[id(build)] = [self.remote_part.remote(spec, names, os.fspath(root))
+        plan = self.ray.put(build.plan)  # planned once, by the driver
+        self._tasks[id(build)] = [self.remote_part.remote(spec, names, os.fspath(root), plan)
                                   for names in partition(build.plan, self.parts)]
 
     def convert(self, build: Build) -> Converted:
-        import ray
-
+        ray = self.ray
         if id(build) not in self._tasks:
             self.submit(build)
         waiting = self._tasks.pop(id(build))
@@ -279,7 +283,7 @@ def _start(workers: int, address: str | None, tasks_per_worker: int, timings: di
     t = time.perf_counter()
     ray.get([remote_warm.remote(0.5) for _ in range(workers if address is None else 0)])
     timings["workers_ready"] = time.perf_counter() - t
-    return RayConverter(ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(convert_part), workers * tasks_per_worker)
+    return RayConverter(ray, ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(convert_part), workers * tasks_per_worker)
 
 
 def _run(build: ColdBuild) -> str | None:
