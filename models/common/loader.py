@@ -67,7 +67,6 @@ from models.common.weight_cache.tensor_cache import PRECISIONS, TensorFormat
 from models.common.weight_cache.warm_read import WarmRead
 from models.registry import family_facts
 
-__all__ = ["LoadedModel", "SeedResult", "WeightLoader", "return_freed_buffers"]
 
 @dataclass
 class LoadedModel:
