@@ -14,7 +14,7 @@ the checkpoint's pages warmed before each (``cat``), medians reported:
   family's layout, then ``ttnn.as_tensor`` (convert and dump, nothing else). Its summed
   ``ttnn.from_torch`` is timed by wrapping ``ttnn.from_torch``.
 * ``load``: the project's cold ``WeightLoader.load()`` (weights kept; fsync, digests, sidecar,
-  marker), with its time broken down (see ``WeightLoader._build``).
+  marker), with its time broken down (see :class:`models.common.cold_build.ColdBuilt`).
 * ``seed``: the project's streaming ``WeightLoader.seed()`` (cache only, memory flat).
 
 Targets (bfloat8_b): cold ``load()`` at most 1.2x the naive loop; at most 1.0x the peer loop.

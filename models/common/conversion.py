@@ -43,9 +43,11 @@ class LazyStateDict(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self._reader
 
-    def release_read(self, keep: Iterable[str] = ()) -> None:
-        """Drop the pages of the tensors read so far but ``keep`` (a streaming seed, after each weight)."""
-        self._reader.release_read(keep)
+    def release_read(self, keep: Iterable[str] = (), *, now: bool = False) -> None:
+        """Release the pages of the tensors read so far but ``keep`` when the next read begins (a
+        streaming build, after each weight); ``now``: at once (a large weight's bytes were just
+        copied into tiles). See :meth:`CheckpointReader.release_read`."""
+        self._reader.release_read(keep, now=now)
 
     def recent_keys(self) -> list[str]:
         """The tensors read since the last release (those the weight being put was made from)."""
@@ -56,13 +58,9 @@ class LazyStateDict(Mapping):
         self._reader.map_view(view)
 
     def release_view(self, view: torch.Tensor) -> None:
-        """Drop the pages under ``view``, a chunk just converted (a large weight, written block by
+        """Release the pages under ``view``, a chunk just converted (a large weight, written block by
         block); a view of anything but the checkpoint is left alone."""
         self._reader.release_view(view)
-
-    def release_now(self, keep: Iterable[str] = ()) -> None:
-        """Drop them now (a large weight's bytes were just copied into tiles)."""
-        self._reader.release_read_now(keep)
 
     def manifest_view(self, host: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Shapes and dtypes of every tensor (as placeholders), with the host weights already
@@ -101,7 +99,7 @@ class WeightSink:
         if name in self.formats:
             raise ValueError(f"weight {name!r} converted twice")
         streaming = not self.keep and isinstance(self.state, LazyStateDict)  # a streaming seed: memory flat
-        converted = self._cache.as_tensor(name, tensor, fmt, release_source=self._release_large if streaming else None,
+        converted = self._cache.as_tensor(name, tensor, fmt, release_source=self._release_source if streaming else None,
                                           pages=self.state if streaming else None)
         self.formats[name] = fmt
         if self.keep:
@@ -115,9 +113,9 @@ class WeightSink:
         """The host weights while the sidecar writer may still read them."""
         return self.host if self.sidecar is not None and not self.sidecar.done() else ()
 
-    def _release_large(self) -> None:
-        """A large weight's bytes are in tiles now: drop its checkpoint pages at once, its source's
+    def _release_source(self) -> None:
+        """A large weight's bytes are in tiles now: release its checkpoint pages at once, its source's
         too when that is a host weight, once the sidecar is written (a later touch reads the file)."""
         if self.sidecar is not None and any(key in self.host for key in self.state.recent_keys()):
             self.sidecar.exception()  # waits; a failed write is the writer's to report
-        self.state.release_now(keep=self._sidecar_reads())
+        self.state.release_read(keep=self._sidecar_reads(), now=True)

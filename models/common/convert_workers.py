@@ -37,19 +37,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from models.common import envs
-from models.common.build_plan import PartSink, PartState, PlannedWeight, plan_weights
+from models.common.build_plan import PlannedWeight
+from models.common.converter import Build, Converted, convert_units, streaming_cache
 from models.common.cpus import usable_cpus
-from models.common.safetensors_file import CheckpointReader
-from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.chunk_board import BuildStopped, ChunkBoard
-from models.common.weight_cache.tensor_cache import STREAM_BLOCKS_FROM, TensorCache, tensorbin_name
+from models.common.weight_cache.tensor_cache import STREAM_BLOCKS_FROM, TensorCache, conversion_threads
 from models.common.weight_cache.tensorbin import BLOCK_BYTES
 
 
@@ -97,70 +93,54 @@ class _Claims:
             return True
 
 
-@dataclass
-class WorkersResult:
-    """What the workers wrote (relative paths, in build order) and how long their parts took."""
+class ThreadsConverter:
+    """Converts a streaming build's weights on at most ``workers`` threads (fitted to the plan),
+    each reading the checkpoint through the build's proof (a reader sharing the build's mappings),
+    each running :func:`~models.common.converter.convert_units`. The first error of any worker is
+    raised once all have stopped; the build's transaction then removes what they wrote."""
 
-    files: list[str]
-    write_errors: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
 
+    def convert(self, build: Build) -> Converted:
+        loader, plan = build.loader, build.plan
+        workers = fit_workers(self.workers, plan)
+        claims = _Claims()
+        board = ChunkBoard(workers, stop=claims.failed)
+        caches: list[TensorCache] = []
 
-def convert_in_workers(loader: Any, args: Any, root: Path, workers: int, *, proof: ProvenCheckpoint,
-                       max_pending_bytes: int, on_written: Callable[[str, int], None] | None = None,
-                       plan: list[PlannedWeight] | None = None) -> WorkersResult:
-    """Convert every weight of ``loader``'s build into the generation ``root`` on at most ``workers``
-    threads (fitted to the plan; streaming: nothing kept), each reading the checkpoint through the
-    build's ``proof`` (the caller checks it once they are done). The first error of any worker is
-    raised once all have stopped; the caller's transaction then removes what they wrote. Call it
-    inside ``conversion_threads()``. ``plan``: the build's, when the caller made it (it checked
-    the checkpoint with it)."""
-    plan = plan if plan is not None else plan_weights(loader, args, proof)
-    workers = fit_workers(workers, plan)
-    claims = _Claims()
-    board = ChunkBoard(workers, stop=claims.failed)
-    caches: list[TensorCache] = []
-    shared = CheckpointReader(loader.checkpoint_dir, loader.key_rules, proof)  # its shards mapped as first read
+        def work(_: int) -> list[str]:
+            try:
+                with contextlib.ExitStack() as held:
+                    with board.worker():  # left whatever ends the worker: no helper waits for it
+                        cache = held.enter_context(streaming_cache(loader, build.root, on_written=build.on_written,
+                                                                   chunk_board=board))
+                        caches.append(cache)
+                        convert_units(loader, build.args, build.reader.sharing_maps(), cache, plan, claims.claim)
+                    board.help()  # no unit left: the chunks of the large weights others still convert
+                    return cache.finish()
+            except BaseException:
+                claims.failed.set()
+                raise
 
-    def work(_: int) -> list[str]:
+        start = time.perf_counter()
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="convert-worker")
         try:
-            with contextlib.ExitStack() as held:
-                with board.worker():  # left whatever ends the worker: no helper waits for it
-                    reader = shared.sharing_maps()
-                    cache = held.enter_context(TensorCache(
-                        root, loader.mesh_shape, rebuild=True, max_pending_bytes=max_pending_bytes,
-                        on_written=on_written, chunk_board=board))
-                    caches.append(cache)
-                    loader.convert(PartSink(cache, PartState(reader), plan, claims.claim), args)
-                board.help()  # no unit left: the chunks of the large weights others still convert
-                return cache.finish()
-        except BaseException:
+            with conversion_threads():
+                futures = [pool.submit(work, i) for i in range(workers)]
+                wait(futures)
+        except BaseException:  # Ctrl-C, or a seeding job's SIGTERM, in this thread: the workers stop too
             claims.failed.set()
             raise
-
-    start = time.perf_counter()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="convert-worker")
-    try:
-        futures = [pool.submit(work, i) for i in range(workers)]
-        wait(futures)
-    except BaseException:  # Ctrl-C, or a seeding job's SIGTERM, in this thread: the workers stop too
-        claims.failed.set()
-        raise
-    finally:
-        pool.shutdown(wait=True)
-        shared.close()
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise next((e for e in errors if not isinstance(e, BuildStopped)), errors[0])
-    written = {path for f in futures for path in f.result()}
-    files = [tensorbin_name(w.name, w.fmt) for w in plan]
-    missing = [f for f in files if f not in written]
-    write_errors = [e for cache in caches for e in cache.write_errors]
-    if missing and not write_errors:
-        raise RuntimeError(f"conversion workers wrote {len(files) - len(missing)} of {len(files)} files "
-                           f"(first missing: {missing[0]})")
-    timings = {"workers": workers, "workers_wall": time.perf_counter() - start,
-               "from_torch": sum(c.convert_seconds for c in caches),
-               "writer_wait": sum(c.wait_seconds for c in caches), "dump": sum(c.dump_seconds for c in caches),
-               "fsync": sum(c.fsync_seconds for c in caches)}
-    return WorkersResult(files, write_errors, timings)
+        finally:
+            pool.shutdown(wait=True)
+        converted_at = time.perf_counter()
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, BuildStopped)), errors[0])
+        timings = {"convert": converted_at - build.start, "workers": workers, "workers_wall": converted_at - start,
+                   "from_torch": sum(c.convert_seconds for c in caches),
+                   "writer_wait": sum(c.wait_seconds for c in caches), "dump": sum(c.dump_seconds for c in caches),
+                   "fsync": sum(c.fsync_seconds for c in caches)}
+        return Converted([path for f in futures for path in f.result()],
+                         [e for cache in caches for e in cache.write_errors], timings)

@@ -19,18 +19,15 @@ A load goes:
    store for its exact variant and pulls it into a new generation
    (:mod:`models.common.weight_cache.remote.cold_start`; a seed too); the gate then decides again. A
    cache-only deploy with no warm cache of its model id asks the store by that model id first.
-3. **Cold**, inside one :class:`~models.common.weight_cache.build.BuildTransaction`: under the
-   build lock (a second builder waits, then usually finds the cache warm), convert every weight into
-   a fresh generation, seal and publish the marker, retire what it replaced. A failed build leaves
+3. **Cold**, one :class:`~models.common.cold_build.ColdBuild` (a seed's and a Ray seed's too):
+   the checkpoint proved and planned once (a config that does not describe it builds nothing),
+   the build lock (a second builder waits, then usually finds the cache warm: the gate's second
+   and last look), every weight converted into a fresh generation (inline, or on every core),
+   the drafted marker sealed and published, what it replaced retired. A failed build leaves
    nothing behind; with ``$TT_CACHE_REMOTE_PUSH`` on, the committed variant is then pushed to the
-   store (:mod:`models.common.weight_cache.remote.after_build`). Every checkpoint byte it converts
-   is read through one :class:`~models.common.weight_cache.checkpoint_proof.ProvenCheckpoint`: the
-   bytes the content id names, proved at open and again before the marker is published. :meth:`WeightLoader.seed`
-   is the same build streaming: nothing kept, memory flat.
-   Before any of it, the checkpoint is checked against its ``config.json`` (every tensor's shape,
-   :meth:`WeightLoader.check_checkpoint`): a config that does not describe it builds nothing.
-   Where the cache cannot be written (a full disk), the load builds in memory and writes nothing:
-   a weight kept on the host is never a mapping of a cache file (see :meth:`WeightLoader._build`).
+   store. On the host a cold load streams, as a seed does, and reads back what it committed;
+   where the cache cannot be written (a full disk) it builds in memory and writes nothing (see
+   :meth:`WeightLoader._load_cold`). :meth:`WeightLoader.seed` is the same build keeping nothing.
 
 A family subclasses :class:`WeightLoader` with its key renaming rules, its :class:`ModelArgs`
 and its ``convert`` (see :mod:`models.common.decoder` for the layouts families share).
@@ -44,7 +41,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,31 +51,22 @@ import ttnn
 from loguru import logger
 
 from models.common import envs
-from models.common.build_plan import PlannedWeight, plan_weights
+from models.common.build_plan import PlannedWeight
 from models.common.checkpoint import CheckpointError, KeyRule
-from models.common.conversion import LazyStateDict, WeightSink
-from models.common.convert_workers import convert_in_workers, convert_workers
+from models.common.cold_build import ColdBuild, ColdBuilt, SeedResult, plan_checkpoint
+from models.common.conversion import WeightSink
+from models.common.convert_workers import convert_workers
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.precision import PrecisionPolicy
 from models.common.prefetch import Prefetcher, prefetch_threads
-from models.common.safetensors_file import CheckpointReader
-from models.common.weight_cache.build import BuildTransaction
-from models.common.weight_cache.checkpoint_proof import ProvenCheckpoint
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
-from models.common.weight_cache.host_sidecar import write_host_sidecar
-from models.common.weight_cache.layout import CacheRoot
-from models.common.weight_cache.marker import WeightCacheError, WeightCacheMarker, draft_marker
-from models.common.weight_cache.placeholders import manifest_of
-from models.common.weight_cache.remote.after_build import push_after_build
+from models.common.weight_cache.marker import WeightCacheError
 from models.common.weight_cache.remote.cold_start import pull_cache_only, pull_on_cold_start
 from models.common.weight_cache.request import CacheRequest
-from models.common.weight_cache.tensor_cache import PRECISIONS, TensorCache, TensorFormat, conversion_threads
-from models.common.weight_cache.usage import touch_last_used
+from models.common.weight_cache.tensor_cache import PRECISIONS, TensorFormat
 from models.common.weight_cache.warm_read import WarmRead
 from models.registry import family_facts
-
-STREAM_PENDING_BYTES = 64 << 20  # a streaming seed's converted weights queued behind the newest, at most
 
 
 @dataclass
@@ -98,21 +86,6 @@ class LoadedModel:
     cached: bool = True  # False: a cold build that could not write the cache (it stays cold)
     prefetch: Prefetcher | None = None  # warm: still reading the cache's files ahead (``wait()`` for it)
     streamed: bool = False  # a cold build that kept no weight: its caller reads the cache back
-
-
-@dataclass(frozen=True)
-class SeedResult:
-    """How a seed went. ``warm``: the cache was already complete and nothing was built;
-    ``reason``: the gate's verdict before seeding; ``complete``: the cache is warm now."""
-
-    cache_dir: Path
-    warm: bool
-    reason: str
-    complete: bool
-    files: int
-    bytes_written: int
-    seconds: float
-    timings: dict[str, float] = field(default_factory=dict)  # phases, where a seeder reports them
 
 
 MMAP_THRESHOLD_BYTES = 4 << 20
@@ -194,9 +167,10 @@ class WeightLoader(ABC):
         self.mesh_device = mesh_device
         self.force = force
         self.force_env = force_env
-        self.cache_root = Path(cache_root or CacheRoot.default().path)
-        self.request = CacheRequest(model, self.build_variant, self.precision, self.mesh_shape, num_layers, self.cache_root,
+        self.request = CacheRequest(model, self.build_variant, self.precision, self.mesh_shape, num_layers,
+                                    Path(cache_root) if cache_root else None,
                                     Path(cache_dir) if cache_dir is not None else None)
+        self.cache_root = self.request.cache_root
         self.checkpoint_dir = self.request.checkpoint_dir
         self.prefetch = prefetch_threads(prefetch)
         self.workers = convert_workers(workers)
@@ -275,13 +249,13 @@ class WeightLoader(ABC):
             why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
             return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
-        if loaded is None and self._pulled_from_remote(args):
+        if loaded is None and self.pull_from_remote(args):
             loaded, reason = self._try_warm(args, start)
         if loaded is not None:
             return loaded
         return self._load_cold(args, reason, start)
 
-    def _pulled_from_remote(self, args: ModelArgs) -> bool:
+    def pull_from_remote(self, args: ModelArgs) -> bool:
         """A cold cache of this checkpoint: the shared store (``$TT_CACHE_REMOTE``) may hold this
         exact variant; pull it (:mod:`models.common.weight_cache.remote.cold_start`)."""
         return pull_on_cold_start(
@@ -317,37 +291,26 @@ class WeightLoader(ABC):
         released, so peak memory does not grow with the model. ``progress`` gets ``start(weights,
         bytes)``, ``weight_done(name, bytes)`` and ``finish()`` (see :mod:`models.seeding.progress`)."""
         return_freed_buffers()
-        start = time.perf_counter()
         args = self.make_args(self.model_config(), self.num_layers)
         self.policy.check_decoders(args.full_n_layers)
-        status = self.status(args)
-        if not status.warm and not self.forced and self._pulled_from_remote(args):
-            status = self.status(args)
-        if status.warm and not self.forced:
-            touch_last_used(self.paths)
-            logger.info(f"{self.model_name}: cache {self.cache_dir} is warm; nothing to seed")
-            return SeedResult(self.cache_dir, True, status.reason, True, 0, 0, time.perf_counter() - start)
         counter = _WriteCounter(progress)
-        self._require_weights(status.reason)
-        plan = self.check_checkpoint(args)
-        if progress is not None:
-            progress.start(len(plan), sum(w.estimated_bytes for w in plan))
-        loaded = self._load_cold(args, status.reason, start, plan, stream=True, on_written=counter)
-        if progress is not None:
-            progress.finish()
-        after = self.status(args)
-        sidecar = after.marker.host_sidecar if after.warm and after.marker is not None else None
-        seconds = time.perf_counter() - start
-        logger.info(f"{self.model_name}: seeded {counter.files} files, {counter.bytes / 2**20:,.0f} MiB in {seconds:.2f} s "
-                    f"({'warm' if after.warm else 'not complete: ' + after.reason})")
-        return SeedResult(loaded.cache_dir, loaded.warm, status.reason, after.warm,
-                          counter.files + (sidecar is not None), counter.bytes + (sidecar.bytes if sidecar else 0),
-                          seconds)
+        with ColdBuild(self, args, stream=True, on_written=counter) as build:
+            if progress is not None and build.plan:
+                progress.start(len(build.plan), sum(w.estimated_bytes for w in build.plan))
+            if not build.warm:
+                build.run()
+            if progress is not None and build.plan:
+                progress.finish()
+        return build.seed_result(counter.files, counter.bytes)
 
-    def _try_warm(self, args: ModelArgs, start: float, prefetch: bool = True) -> tuple[LoadedModel | None, str]:
+    def _try_warm(self, args: ModelArgs, start: float, prefetch: bool = True,
+                  status: CacheStatus | None = None) -> tuple[LoadedModel | None, str]:
         """A warm build if the gate passes and every file loads as expected, else (None, why).
-        ``prefetch=False``: files just written (a cold load's read-back) are in the page cache."""
-        with WarmRead(self.paths, lambda: self.status(args)) as read:
+        ``prefetch=False``: files just written (a cold load's read-back) are in the page cache.
+        ``status``: the gate's verdict, when it was just asked (under the build lock) or the build
+        just committed it (the read-back): not asked again."""
+        gate = (lambda: status) if status is not None else (lambda: self.status(args))
+        with WarmRead(self.paths, gate) as read:
             if not read.warm:
                 return None, read.reason
             try:
@@ -377,38 +340,43 @@ class WeightLoader(ABC):
         return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, True,
                            "complete", seconds, prefetch=prefetcher)
 
-    def _load_cold(self, args: ModelArgs, reason: str, start: float, plan: list[PlannedWeight] | None = None,
-                   **build: Any) -> LoadedModel:
-        """``plan``: :meth:`check_checkpoint`'s, when the caller made it; ``build``: the streaming
-        options of :meth:`_build` (a seed).
+    def _load_cold(self, args: ModelArgs, reason: str, start: float) -> LoadedModel:
+        """One :class:`~models.common.cold_build.ColdBuild`.
 
         A cold :meth:`load` costs what a seed costs: on the host (no ``mesh_device``) it builds
         streaming, keeping no converted weight, then reads the new generation back as a warm start
-        does (bit-identical: the same files). Where the cache cannot be written it builds in
-        memory, keeping every weight; with a ``mesh_device`` each weight is kept on the device."""
-        self._require_weights(reason)
-        plan = plan if plan is not None else self.check_checkpoint(args)
-        read_back = not build and self.mesh_device is None
-        with BuildTransaction(self.paths) as transaction:
-            if transaction.locked and not self.forced:  # another builder may have finished while this one waited
-                loaded, _ = self._try_warm(args, start)
+        does (bit-identical: the same files; what it committed, not a third gate). Where the cache
+        cannot be written it builds in memory, keeping every weight; with a ``mesh_device`` each
+        weight is kept on the device.
+
+        A weight kept on the host must never be a mapping of a cache file: a large weight is
+        written block by block and handed back mapped, and a generation that is then removed (the
+        disk filled up further on) would leave its deleted files taking the disk's space, seen by
+        no ``ls``, ``gc`` or ``clean``, for as long as the model lives. So a read-back that fails
+        builds again in memory, writing nothing."""
+        with ColdBuild(self, args, cold=reason, stream=None, start=start) as build:
+            if build.warm:  # another builder finished while this one waited
+                loaded, _ = self._try_warm(args, start, status=build.status)
                 if loaded is not None:
                     return loaded
-            logger.info(f"{self.model_name}: cold build into {self.cache_dir} ({reason})")
-            built = self._build(args, reason, start, transaction, stream_if_cached=read_back, plan=plan, **build)
-        if built.cached:  # committed: share it when $TT_CACHE_REMOTE_PUSH asks (a failed push only warns)
-            push_after_build(self.paths, self.model_name)
+            built = build.run()
         if not built.streamed:
-            return built
-        loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False) if built.cached
+            return self._cold_loaded(args, built, reason)
+        committed = CacheStatus(True, "complete", build.committed) if built.cached else None
+        loaded, why = (self._try_warm(args, time.perf_counter(), prefetch=False, status=committed) if committed
                        else (None, "it could not be written"))
         if loaded is None:  # a full disk; or a racing rebuild or eviction of what was published a moment ago
             logger.warning(f"{self.model_name}: the cache just built cannot be read back ({why}); building in memory")
-            return self._build(args, reason, start, None)
+            with ColdBuild(self, args, cold=reason, write=False, start=start) as memory:
+                return self._cold_loaded(args, memory.run(), reason)
         return dataclasses.replace(loaded, warm=False, reason=reason, seconds=time.perf_counter() - start,
                                    timings={**built.timings, "read_back": loaded.seconds})
 
-    def _require_weights(self, reason: str) -> None:
+    def _cold_loaded(self, args: ModelArgs, built: ColdBuilt, reason: str) -> LoadedModel:
+        return LoadedModel(args, built.weights, built.formats, built.host, self.cache_dir, self.mesh_shape, False,
+                           reason, built.seconds, built.timings, cached=built.cached, streamed=built.streamed)
+
+    def require_weights(self, reason: str) -> None:
         if not self.has_checkpoint_weights:
             raise CheckpointError(
                 f"{self.model}: the cache {self.cache_dir} is cold ({reason}) and no checkpoint weights are on this machine"
@@ -417,107 +385,6 @@ class WeightLoader(ABC):
     def check_checkpoint(self, args: ModelArgs) -> list[PlannedWeight]:
         """Refuse a checkpoint whose tensors are not the shapes its ``config.json`` implies
         (:class:`~models.common.checkpoint.CheckpointShapeError`, one line naming the first): planned
-        from the headers (read through a :class:`ProvenCheckpoint`), before any lock is taken or
-        anything converted (:mod:`models.common.build_plan`). Returns the plan (the conversion
-        workers share it out)."""
-        with ProvenCheckpoint(self.identity) as proof:
-            return plan_weights(self, args, proof)
-
-    def _build(self, args: ModelArgs, reason: str, start: float, transaction: BuildTransaction | None, *,
-               stream: bool = False, stream_if_cached: bool = False,
-               on_written: Callable[[str, int], None] | None = None,
-               plan: list[PlannedWeight] | None = None) -> LoadedModel:
-        """Convert every weight into the transaction's generation and commit it. ``timings`` of the
-        result: ``convert`` (wall time of the family's convert: checkpoint reads, transforms,
-        ``from_torch``, waits for the writer), ``dump`` and ``fsync`` (the writer thread, overlapped),
-        ``finish`` (after convert: the last writes, then ``seal``, ``publish`` and ``retire``).
-
-        ``stream`` (a seed): keep no converted weight, at most :data:`STREAM_PENDING_BYTES` of
-        writes queued, checkpoint pages released after each weight (host weights excepted: the
-        sidecar writer still reads them); ``on_written(name, bytes)`` as each file is written.
-        ``stream_if_cached`` (a cold load): stream too when the generation can be written; the
-        result is then ``streamed`` (no weights: the caller reads the cache back).
-
-        ``transaction=None``: in memory, nothing written (a cold load's fallback when the cache it
-        built cannot be read back: a full disk). A weight kept on the host must never be a mapping of
-        a cache file: a large weight is written block by block and handed back mapped, and a
-        generation that is then removed (the disk filled up further on) would leave its deleted files
-        taking the disk's space, seen by no ``ls``, ``gc`` or ``clean``, for as long as the model lives.
-
-        Every reader of the build goes through one :class:`ProvenCheckpoint`, checked again once
-        the last weight is converted, before anything is published: a checkpoint file changed since
-        the content id was computed aborts the build (:class:`CheckpointChanged`, naming it)."""
-        with ProvenCheckpoint(self.identity) as proof:
-            return self._build_proven(proof, args, reason, start, transaction, stream=stream,
-                                      stream_if_cached=stream_if_cached, on_written=on_written, plan=plan)
-
-    def _build_proven(self, proof: ProvenCheckpoint, args: ModelArgs, reason: str, start: float,
-                      transaction: BuildTransaction | None, *, stream: bool, stream_if_cached: bool,
-                      on_written: Callable[[str, int], None] | None,
-                      plan: list[PlannedWeight] | None) -> LoadedModel:
-        proof.check_config(args.config)
-        reader = CheckpointReader(self.checkpoint_dir, self.key_rules, proof)
-        state = LazyStateDict(reader)
-        root = None
-        try:
-            root = transaction.open_generation() if transaction is not None else None
-        except OSError as error:
-            logger.warning(f"{self.model_name}: building in memory only; nothing will be cached ({error})")
-        stream = stream or (stream_if_cached and root is not None)
-        parallel = stream and root is not None and self.workers > 1 and self.mesh_device is None
-        with TensorCache(root, self.mesh_shape, rebuild=True, mesh_device=self.mesh_device,
-                         max_pending_bytes=STREAM_PENDING_BYTES if stream else None, on_written=on_written) as cache:
-            sink = WeightSink(cache, state, [k for k in state if self.is_host_weight(k)], keep=not stream)
-            sidecar = self.paths.host_sidecar_name if sink.host and root is not None else None
-            if sidecar:  # first on the writer thread; the sink keeps the host weights' pages until it is done
-                sink.sidecar = cache.submit_file(_write_sidecar, root, sidecar, sink.host)
-            with conversion_threads():
-                if parallel:
-                    workers = convert_in_workers(self, args, root, self.workers, proof=proof,
-                                                 max_pending_bytes=STREAM_PENDING_BYTES, on_written=on_written,
-                                                 plan=plan)
-                else:
-                    self.convert(sink, args)
-            convert_seconds = time.perf_counter() - start
-            cache.finish()
-        proof.check()
-        files, write_errors = (workers.files, cache.write_errors + workers.write_errors) if parallel else \
-            (cache.files, cache.write_errors)
-        cached = root is not None and not write_errors
-        if cached and transaction is not None:
-            cached = self._commit(transaction, args, state, sink.host, files, sidecar)
-        elif root is not None:
-            logger.warning(f"{self.model_name}: built in memory; {self.cache_dir} stays cold ({write_errors[0]})")
-        reader.close()
-        seconds = time.perf_counter() - start
-        logger.info(f"{self.model_name}: cold build in {seconds:.3f} s")
-        timings = {"convert": convert_seconds, "from_torch": cache.convert_seconds, "writer_wait": cache.wait_seconds,
-                   "dump": cache.dump_seconds, "fsync": cache.fsync_seconds, "finish": seconds - convert_seconds,
-                   **(workers.timings if parallel else {}), **(transaction.timings if transaction else {})}
-        return LoadedModel(args, sink.weights, sink.formats, sink.host, self.cache_dir, self.mesh_shape, False,
-                           reason, seconds, timings, cached=cached, streamed=stream_if_cached and stream)
-
-    def draft_marker(self, args: ModelArgs, state: LazyStateDict, host: dict[str, torch.Tensor]) -> WeightCacheMarker:
-        """The marker of a build of this loader, before its files are sealed (the transaction fills them in)."""
-        manifest, host = manifest_of(state.manifest_view(host), self.is_host_weight)
-        return draft_marker(
-            model_name=self.model_name, model_id=self.model_id, content_id=self.content_id, n_layers=args.n_layers,
-            mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant,
-            is_moe=bool(args.is_mixture_of_experts), model_info=self.model_info(args, state),
-            model_config=args.config, weights=manifest, host_weights=host)
-
-    def _commit(self, transaction: BuildTransaction, args: ModelArgs, state: LazyStateDict,
-                host: dict[str, torch.Tensor], files: list[str], sidecar: str | None) -> bool:
-        """Seal and publish; a cache that cannot be written at the end (a full disk) only warns:
-        the model is built, the cache stays cold and the transaction removes what it wrote."""
-        try:
-            transaction.commit(self.draft_marker(args, state, host), files, sidecar)
-        except OSError as error:
-            logger.warning(f"{self.model_name}: built, but could not complete the cache {self.cache_dir} ({error})")
-            return False
-        return True
-
-
-def _write_sidecar(root: Path, name: str, host: dict[str, torch.Tensor]) -> list[str]:
-    write_host_sidecar(root / name, host)
-    return [name]
+        from the headers, nothing converted (:func:`~models.common.cold_build.plan_checkpoint`; a
+        cold build plans so, once, before its lock). Returns the plan."""
+        return plan_checkpoint(self, args)

@@ -55,7 +55,7 @@ _SAFETENSORS_DTYPES = {
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # Tensors from this size are left to fault in as read: a streaming build converts them a chunk at a
-# time and drops each chunk's pages (tensor_cache.STREAM_BLOCKS_FROM), so mapping all at once would
+# time and releases each chunk's pages (tensor_cache.STREAM_BLOCKS_FROM), so mapping all at once would
 # hold the whole tensor.
 POPULATE_BELOW_BYTES = 64 << 20
 _DTYPE_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
@@ -232,7 +232,7 @@ class SafetensorsFile:
         return span is not None
 
     def release_view(self, view: torch.Tensor) -> bool:
-        """Drop from this process the pages under ``view`` (a chunk of a tensor of this file, just
+        """Release from this process the pages under ``view`` (a chunk of a tensor of this file, just
         converted); False if ``view`` is not in this file. The page cache keeps them, and a later
         touch maps them again (the mapping is private and unmodified)."""
         span = self._span(view)
@@ -241,8 +241,8 @@ class SafetensorsFile:
                 self._mmap.madvise(mmap.MADV_DONTNEED, *span)
         return span is not None
 
-    def release(self, name: str) -> None:
-        """Drop ``name``'s pages from this process and from the page cache (a streaming seed reads
+    def release_tensor(self, name: str) -> None:
+        """Release ``name``'s pages from this process and from the page cache (a streaming seed reads
         each tensor once). Safe while views of it live: the mapping is private and unmodified,
         so a later touch reads the bytes from the file again."""
         _, dtype, begin, count = self._entries[name]
@@ -346,7 +346,7 @@ class CheckpointReader:
         except KeyError:
             raise CheckpointError(f"checkpoint {self.checkpoint_dir} has no tensor for {key!r}") from None
         if self._release_due:
-            self._release_now()
+            self._release_read()
         self._read.append(key)
         self._recent.append(key)
         shape, dtype = self._open[file].spec(name)
@@ -357,34 +357,33 @@ class CheckpointReader:
         any(opened.map_view(view) for opened in self._open.values())
 
     def release_view(self, view: torch.Tensor) -> None:
-        """Drop the pages under ``view``, a chunk of a tensor read here (see :meth:`SafetensorsFile.release_view`)."""
+        """Release the pages under ``view``, a chunk of a tensor read here (see :meth:`SafetensorsFile.release_view`)."""
         any(opened.release_view(view) for opened in self._open.values())
 
-    def release_read(self, keep: Iterable[str] = ()) -> None:
-        """Release the pages of every tensor read so far but those in ``keep`` when the next read
-        begins (see :meth:`SafetensorsFile.release`): until then a weight may still be put from
-        a tensor read before an earlier put (a family reads gate and up, then puts both)."""
+    def release_read(self, keep: Iterable[str] = (), *, now: bool = False) -> None:
+        """Release the pages of every tensor read so far but those in ``keep`` (see
+        :meth:`SafetensorsFile.release_tensor`) when the next read begins: until then a weight may
+        still be put from a tensor read before an earlier put (a family reads gate and up, then
+        puts both). ``now``: at once (their bytes were copied out; a later touch reads them from
+        the file again)."""
         self._keep = set(keep)
-        self._release_due = True
+        if now:
+            self._release_read()
+        else:
+            self._release_due = True
 
     def recent_keys(self) -> list[str]:
         """The tensors read since the last release (those the weight being put was made from)."""
         return list(self._recent)
 
-    def release_read_now(self, keep: Iterable[str] = ()) -> None:
-        """Release the pages of every tensor read so far but those in ``keep`` at once (their
-        bytes were copied out; a later touch reads them from the file again)."""
-        self._keep = set(keep)
-        self._release_now()
-
-    def _release_now(self) -> None:
+    def _release_read(self) -> None:
         kept = []
         for key in self._read:
             if key in self._keep:
-                kept.append(key)  # still tracked: a later release without it in ``keep`` drops it
+                kept.append(key)  # still tracked: a later release without it in ``keep`` releases it
             else:
                 file, name = self._location[key]
-                self._open[file].release(name)
+                self._open[file].release_tensor(name)
         self._read = kept
         self._recent = []
         self._release_due = False

@@ -60,14 +60,14 @@ class CacheRequest:
     precision: str
     mesh_shape: tuple[int, int]
     num_layers: int | None
-    cache_root: Path
+    cache_root: Path | None  # None: the default root (``$TT_CACHE_PATH``)
     named_cache_dir: Path | None = None
     model_name: str = field(init=False)
     model_id: str = field(init=False)
     checkpoint_dir: Path | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cache_root = Path(self.cache_root)
+        self.cache_root = Path(self.cache_root) if self.cache_root is not None else CacheRoot.default().path
         self.model_name = checkpoint_name(self.model)
         self.model_id = model_id(self.model)
         self.checkpoint_dir = resolve_checkpoint_dir(self.model)

@@ -119,7 +119,7 @@ def test_released_checkpoint_pages_read_back_the_same(tiny):
     name = file.names()[0]
     view = file.tensor(name, populate=True)
     before = view.clone()
-    file.release(name)
+    file.release_tensor(name)
     assert torch.equal(view, before)
 
 

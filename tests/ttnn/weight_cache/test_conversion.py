@@ -81,8 +81,14 @@ def test_a_streaming_seed_that_stages_and_releases_every_weight_writes_a_direct_
     direct = LlamaLoader(checkpoint, precision=precision, mesh_shape="1x2", cache_root=tmp_path / "direct")
     assert not direct.load().warm
     released = []
-    original = LazyStateDict.release_now
-    monkeypatch.setattr(LazyStateDict, "release_now", lambda self, keep=(): (released.append(1), original(self, keep)))
+    original = LazyStateDict.release_read
+
+    def recording_release(self, keep=(), *, now=False):
+        if now:
+            released.append(1)
+        original(self, keep, now=now)
+
+    monkeypatch.setattr(LazyStateDict, "release_read", recording_release)
     monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 0)
     staged = LlamaLoader(checkpoint, precision=precision, mesh_shape="1x2", cache_root=tmp_path / "staged")
     result = staged.seed()
@@ -107,7 +113,7 @@ def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path
     direct = cls(checkpoint, precision=precision, cache_root=tmp_path / "direct")
     assert not direct.load().warm
     calls: list[tuple[list[str], set[str], bool]] = []
-    original = LazyStateDict.release_now
+    original = LazyStateDict.release_read
     sinks: list[WeightSink] = []
     original_init = WeightSink.__init__
 
@@ -116,13 +122,14 @@ def test_a_tied_head_releases_the_embedding_once_the_sidecar_is_written(tmp_path
         if type(self) is WeightSink:  # not the plan's (it converts nothing)
             sinks.append(self)
 
-    def recording_release(self, keep=()):
-        (sink,) = sinks
-        calls.append((self.recent_keys(), set(keep), sink.sidecar is not None and sink.sidecar.done()))
-        original(self, keep)
+    def recording_release(self, keep=(), *, now=False):
+        if now:  # a large weight's source, released at once
+            (sink,) = sinks
+            calls.append((self.recent_keys(), set(keep), sink.sidecar is not None and sink.sidecar.done()))
+        original(self, keep, now=now)
 
     monkeypatch.setattr(WeightSink, "__init__", recording_init)
-    monkeypatch.setattr(LazyStateDict, "release_now", recording_release)
+    monkeypatch.setattr(LazyStateDict, "release_read", recording_release)
     monkeypatch.setattr(tensor_cache, "STAGED_CONVERT_BYTES", 1 << 20)  # the head (4096 x hidden) is large
     # one conversion worker: the sink that converts is the one that writes the sidecar
     seeded = cls(checkpoint, precision=precision, cache_root=tmp_path / "seeded", workers=1)
