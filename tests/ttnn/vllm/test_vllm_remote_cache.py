@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +22,12 @@ import pytest
 
 from models.common.weight_cache.remote.push import push_cache_dir
 from models.common.weight_cache.remote.urls import open_store
+from models.testing import REPO_ROOT
 from models.testing.object_store import SeaweedServer, running_seaweed
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
 from tests.ttnn.vllm.engines import token_prompts, vllm_engine
 from tests.ttnn.vllm.oracle import hf_generate, tiny_tokenizer
+from tests.ttnn.vllm.test_vllm_serve import free_port, post, wait_until_serving
 
 REPO_ID = "org/tiny-llama"
 PROMPTS = [[7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6], [42]]
@@ -116,3 +121,85 @@ def test_a_cache_only_deploy_generates_what_a_local_warm_start_does(published, d
     assert not cold["warm"] and warm["warm"]
     push_cache_dir(Path(warm["cache_dir"]), open_store(s3_url))
     assert _start_from_the_store(deploy, s3_url, tmp_path / "home", monkeypatch) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# vllm serve
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pushed(published, seaweed, tmp_path_factory) -> tuple[str, list[list[int]]]:
+    """One variant built where the weights are and pushed, shared by the module's serve tests:
+    (its store URL, the greedy tokens the building machine computes from its warm cache)."""
+    from models.common.reference import ReferenceDecoder
+    from models.registry import loader_class
+
+    url = f"s3://{seaweed.bucket}/serve-{uuid.uuid4().hex[:12]}"
+    loaded = loader_class("llama")(published, precision="bfloat16",
+                                   cache_root=tmp_path_factory.mktemp("building-cache")).load()
+    assert loaded.cached and not loaded.warm
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in seaweed.client_env().items() if k.startswith("AWS_")})
+    try:
+        push_cache_dir(loaded.cache_dir, open_store(url))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    decoder = ReferenceDecoder(loaded)
+    return url, [decoder.greedy(prompt, STEPS) for prompt in PROMPTS]
+
+
+def _serve_env(seaweed: SeaweedServer, home: Path, remote: str) -> dict[str, str]:
+    """A fresh machine's environment: a new HOME (the default cache root empty), the store and its
+    credentials through the standard AWS variables, this checkout's plugin."""
+    env = seaweed.client_env(HOME=str(home), TT_CACHE_REMOTE=remote, HF_HUB_OFFLINE="1",
+                             VLLM_ENABLE_V1_MULTIPROCESSING="1", PYTHONPATH=str(REPO_ROOT))
+    for name in ("TT_CACHE_PATH", "XDG_CACHE_HOME", "TT_USER_STATE", "MESH_DEVICE", "TT_CACHE_REMOTE_PUSH",
+                 "HF_HOME", "HF_HUB_CACHE"):
+        env.pop(name, None)
+    return env
+
+
+def _vllm_serve(model: Path, env: dict[str, str], log: Path, port: int) -> subprocess.Popen:
+    vllm = Path(sys.executable).parent / "vllm"
+    with log.open("w") as out:
+        return subprocess.Popen([str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                 "--max-model-len", "64", "--max-num-seqs", "2",
+                                 "--additional-config", json.dumps({"precision": "bfloat16"})],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_vllm_serve_on_a_cache_only_deploy_starts_warm_from_the_store(pushed, seaweed, deploy, tmp_path):
+    """``vllm serve`` of the config and tokenizer only, fresh HOME, empty cache: it pulls the
+    variant, starts warm (nothing converted) and serves the building machine's greedy tokens."""
+    url, expected = pushed
+    home, port, log = tmp_path / "home", free_port(), tmp_path / "serve.log"
+    proc = _vllm_serve(deploy, _serve_env(seaweed, home, url), log, port)
+    try:
+        wait_until_serving(proc, f"http://127.0.0.1:{port}")
+        served = []
+        for prompt in PROMPTS:
+            status, answer = post(f"http://127.0.0.1:{port}/v1/completions",
+                                  {"model": str(deploy), "prompt": prompt, "max_tokens": STEPS, "temperature": 0.0,
+                                   "ignore_eos": True, "return_token_ids": True})
+            assert status == 200, answer
+            served.append(answer["choices"][0]["token_ids"])
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert served == expected, text[-4000:]
+    assert "pulled variant" in text and "loaded warm" in text, text[-4000:]
+    assert "cold build" not in text and "converting" not in text.lower()
+    assert list(home.rglob("*.tensorbin"))  # the pulled cache is under the fresh HOME
