@@ -23,7 +23,7 @@ import pytest
 from models.common.weight_cache.remote.push import push_cache_dir
 from models.common.weight_cache.remote.urls import open_store
 from models.testing import REPO_ROOT
-from models.testing.object_store import SeaweedServer, running_seaweed
+from models.testing.object_store import SeaweedServer, free_ports, running_seaweed
 from models.testing.tiny_models import as_hub_snapshot, make_checkpoint
 from tests.ttnn.vllm.engines import token_prompts, vllm_engine
 from tests.ttnn.vllm.oracle import hf_generate, tiny_tokenizer
@@ -203,3 +203,49 @@ def test_vllm_serve_on_a_cache_only_deploy_starts_warm_from_the_store(pushed, se
     assert "pulled variant" in text and "loaded warm" in text, text[-4000:]
     assert "cold build" not in text and "converting" not in text.lower()
     assert list(home.rglob("*.tensorbin"))  # the pulled cache is under the fresh HOME
+
+
+def _refusal(deploy: Path, home: Path, monkeypatch) -> str:
+    """The error ``LLM()`` of the deploy ends with (the engine core in this process)."""
+    _fresh_home(home, monkeypatch)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - vLLM may wrap it: the chain is searched
+        _generate(deploy)
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__ or error.__context__
+    return next((text for text in chain if "cannot start" in text), "\n".join(chain))
+
+
+def test_a_store_without_the_variant_stops_the_deploy_with_one_line_naming_the_push(deploy, s3_url, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("TT_CACHE_REMOTE", s3_url)
+    error = _refusal(deploy, tmp_path / "home", monkeypatch)
+    assert "\n" not in error and error.startswith(f"cannot start {deploy}: "), error
+    assert f"the shared store TT_CACHE_REMOTE={s3_url} has no variant of {REPO_ID} for this host" in error, error
+    assert f"tt-cache push VARIANT_DIR --to {s3_url}" in error and "point TT_CACHE_PATH" not in error, error
+
+
+def test_an_unreachable_store_stops_the_deploy_with_one_line(deploy, tmp_path, monkeypatch):
+    (dead_port,) = free_ports(1)
+    remote = f"http://127.0.0.1:{dead_port}/mirror"
+    monkeypatch.setenv("TT_CACHE_REMOTE", remote)
+    error = _refusal(deploy, tmp_path / "home", monkeypatch)
+    assert "\n" not in error and error.startswith(f"cannot start {deploy}: "), error
+    assert f"the shared store TT_CACHE_REMOTE={remote} could not be asked for it (" in error, error
+
+
+@pytest.mark.slow
+def test_vllm_serve_of_a_store_without_the_variant_exits_with_one_line_naming_the_push(seaweed, deploy, tmp_path):
+    url = f"s3://{seaweed.bucket}/empty-{uuid.uuid4().hex[:12]}"
+    log = tmp_path / "serve.log"
+    proc = _vllm_serve(deploy, _serve_env(seaweed, tmp_path / "home", url), log, free_port())
+    try:
+        proc.wait(timeout=600)
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert proc.returncode != 0, text[-4000:]
+    line = f"cannot start {deploy}: {deploy}: no checkpoint weights on this machine"
+    (named,) = {entry for entry in text.splitlines() if line in entry and f"has no variant of {REPO_ID}" in entry}
+    assert f"tt-cache push VARIANT_DIR --to {url}" in named, named
