@@ -2,7 +2,7 @@
 """The main job: a real model from checkpoint to warm start, shown end to end.
 
     python -m models.demos.real_models.demo [--model gemma3-270m] [--precision bfloat8_b] [--mesh N150] [--prompt "..."]
-                                            [--verbose]
+                                            [--remote s3://BUCKET/PREFIX [--push]] [--verbose]
 
 Quiet by default (no ttnn/UMD log lines, no progress bars, no INFO logs); ``--verbose`` shows them.
 
