@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote", metavar="URL", type=store_url,
                         help="a shared store of warm caches: s3://BUCKET/PREFIX (endpoint and credentials through the "
                         "standard AWS variables, e.g. AWS_ENDPOINT_URL), an http(s) mirror or a directory (default: "
-                        "$TT_CACHE_REMOTE). A machine with the model's config and tokenizer but not its weights starts "
-                        "warm from it; a cold build first looks there")
+                        "$TT_CACHE_REMOTE). A machine with the model's config and tokenizer but not its weights (its "
+                        "model_data/hub snapshot without model.safetensors) starts warm from it")
     parser.add_argument("--push", action="store_true",
                         help="push the cold build's variant to the store (as TT_CACHE_REMOTE_PUSH=1 does)")
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
