@@ -15,7 +15,7 @@ warm only if the loader's own gate then says so. Each ask is recorded
 
 A cache-only deploy has no cold build to fall back to, so the rule there is: **the store's answer is
 the deploy's error**. :func:`pull_cache_only` returns why the store did not make it warm in one line
-that says what to do (push the variant from where the weights are; make the store reachable), and
+that says what to do (push the variant from where the weights are) or what failed, and
 the loader raises it (:class:`StoreCannotServe`) in place of the error it gives without a store.
 """
 
@@ -84,8 +84,7 @@ def pull_cache_only(place: Callable[[str], Path], *, model_id: str, n_layers: in
     except Exception as error:  # noqa: BLE001 - the deploy is no worse for the store being there
         logger.warning(f"{model_id}: asking {url} for its variants failed ({_why(error)})")
         record_ask(UNAVAILABLE)
-        return (f"the shared store TT_CACHE_REMOTE={url} could not be asked for it ({_one_line(_why(error))}); "
-                f"make it reachable from here, or unset TT_CACHE_REMOTE")
+        return f"the shared store TT_CACHE_REMOTE={url} could not be asked for it ({_one_line(_why(error))})"
     if not found:
         record_ask(MISS)
         logger.info(f"{model_id}: the shared store {url} has no variant of this model id for this host ({key[:16]})")
