@@ -221,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         snapshot = model_snapshot(model.name)
-        deployed = deployed_snapshot(model.name) if snapshot is None and envs.TT_CACHE_REMOTE else None
+        deployed = deployed_snapshot(model.name) if snapshot is None else None
     except PrepareError as error:
         raise SystemExit(f"demo: {error}") from error
+    if deployed is not None and not envs.TT_CACHE_REMOTE:
+        refuse(f"{deployed} holds {model.name}'s config and tokenizer but not its weights: name the shared store "
+               f"its cache was pushed to (--remote URL, or TT_CACHE_REMOTE), or remove that directory to prepare "
+               f"the model here")
     if deployed is not None:
         return from_the_store(model, deployed, opts, prompt, started)
     if snapshot is not None:

@@ -118,3 +118,11 @@ def test_an_unreachable_store_is_one_line(seaweed, fresh_machine):
 def test_push_without_a_store_is_refused(fresh_machine, seaweed):
     line = one_line(demo("--push", env=fresh_env(seaweed, fresh_machine)))
     assert line == "demo: --push needs a store: --remote URL (or TT_CACHE_REMOTE)"
+
+
+def test_config_and_tokenizer_without_a_store_is_one_line_naming_remote(seaweed, fresh_machine):
+    """Not a prepare over the deployed files: the demo says which store option is missing."""
+    line = one_line(demo(env=fresh_env(seaweed, fresh_machine)))
+    assert "holds smollm2-135m's config and tokenizer but not its weights: name the shared store" in line, line
+    assert "(--remote URL, or TT_CACHE_REMOTE)" in line, line
+    assert not (fresh_machine / "home").exists() or not list((fresh_machine / "home").rglob("*.tensorbin"))
