@@ -87,6 +87,7 @@ def test_a_fresh_machine_starts_the_demo_warm_from_the_store(model, seaweed, fre
     started = demo(*common, "--remote", url, env=fresh_env(seaweed, fresh_machine))
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     out = started.stdout
+    print(out)
     assert "(config and tokenizer only), cache from " + url in out and "| warm start from the store" in out
     assert "| cold build |" not in out and "nothing converted" in out
     assert "verify: every file matches its recorded digest" in out

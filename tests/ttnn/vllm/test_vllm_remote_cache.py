@@ -197,6 +197,7 @@ def test_vllm_serve_on_a_cache_only_deploy_starts_warm_from_the_store(pushed, se
     finally:
         _stop(proc)
     text = log.read_text()
+    print(*[line for line in text.splitlines() if "pulled variant" in line or "loaded warm" in line], sep="\n")
     assert served == expected, text[-4000:]
     assert "pulled variant" in text and "loaded warm" in text, text[-4000:]
     assert "cold build" not in text and "converting" not in text.lower()
