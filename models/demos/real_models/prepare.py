@@ -183,6 +183,17 @@ def model_snapshot(name: str, model_root: Path | str | None = None) -> Path | No
     return _ready_snapshot(resolve_model_root(model_root), known_model(name))
 
 
+def deployed_snapshot(name: str, model_root: Path | str | None = None) -> Path | None:
+    """The snapshot of ``name`` at its prepared place holding its ``config.json`` but not its
+    weights: a cache-only deploy (the prepared snapshot copied without ``model.safetensors``),
+    which starts from a shared store's cache. None otherwise. Does no work."""
+    model = known_model(name)
+    snapshot = repo_cache_dir(resolve_model_root(model_root), model) / "snapshots" / revision(model)
+    if (snapshot / "config.json").is_file() and not (snapshot / WEIGHTS_NAME).exists():
+        return snapshot
+    return None
+
+
 def verify_manifest_digests(snapshot: Path) -> None:
     """Re-hash every file listed in the completion record (slow; for audits and tests)."""
     manifest = read_manifest(snapshot)

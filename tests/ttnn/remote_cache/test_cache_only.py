@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """A cache-only deploy (config and tokenizer, no weights, an empty cache under a fresh HOME) with
 ``$TT_CACHE_REMOTE`` set starts warm from the shared store: it finds the variants pushed under its
-model id, pulls one, and the cache-only gate decides as for a local cache. A store without one
-gives today's error; an index entry without its manifest, or naming another model's, is ignored;
-two checkpoints under one model id are an error listing both."""
+model id, pulls one, and the cache-only gate decides as for a local cache. A store without one,
+or one that fails, is the error: one line naming the store and what to do; an index entry without
+its manifest, or naming another model's, is ignored; two checkpoints under one model id are an
+error listing both."""
 
 from __future__ import annotations
 
@@ -96,10 +97,14 @@ def test_a_cache_only_deploy_starts_warm_from_the_store(hub_variant, deploy, s3_
     assert _loader(deploy).load().warm  # pulled into the place a cache-only load looks
 
 
-def test_a_store_without_the_variant_gives_the_cache_only_error(deploy, s3_url, monkeypatch):
-    without_store = _no_cache_error(deploy)
+def test_a_store_without_the_variant_is_one_line_naming_the_push(deploy, s3_url, monkeypatch):
+    _no_cache_error(deploy)
     monkeypatch.setenv("TT_CACHE_REMOTE", s3_url)
-    assert _no_cache_error(deploy) == without_store
+    error = _no_cache_error(deploy)
+    assert "\n" not in error
+    assert "no bfloat16/mesh_1x2 cache of it under" in error
+    assert f"the shared store TT_CACHE_REMOTE={s3_url} has no variant of {REPO_ID} for this host (ttnn " in error
+    assert f"push it there (tt-cache push VARIANT_DIR --to {s3_url}" in error
 
 
 def test_index_entries_without_their_manifest_or_of_another_model_are_ignored(hub_variant, built_variant, deploy,
@@ -128,19 +133,20 @@ def test_two_checkpoints_under_one_model_id_are_an_error_listing_both(hub_varian
 
 
 
-def test_a_store_that_fails_leaves_the_cache_only_error_and_publishes_nothing(hub_variant, deploy, s3_url, tmp_path,
-                                                                              monkeypatch):
+def test_a_store_that_fails_is_one_line_naming_it_and_publishes_nothing(hub_variant, deploy, s3_url, tmp_path,
+                                                                          monkeypatch):
     """A dead store, an HTTP mirror (no listing) and an object whose bytes are not its digest's
-    (same size: only the pull's hash sees it) each give today's error."""
-    without_store = _no_cache_error(deploy)
+    (same size: only the pull's hash sees it) each give one line naming the store and what failed."""
     store = open_store(s3_url)
     push_cache_dir(hub_variant.cache_dir, store)
     record = max(hub_variant.marker.files, key=lambda r: r.bytes)
     store.upload(object_key(record.digest), [b"\0" * record.bytes], record.bytes, exclusive=False)
     (dead_port,) = free_ports(1)
-    for remote in (s3_url, f"http://127.0.0.1:{dead_port}/mirror"):
+    dead = f"http://127.0.0.1:{dead_port}/mirror"
+    for remote, what in ((s3_url, "failed ("), (dead, "could not be asked for it (")):
         monkeypatch.setenv("TT_CACHE_REMOTE", remote)
-        assert _no_cache_error(deploy) == without_store, remote
+        error = _no_cache_error(deploy)
+        assert "\n" not in error and f"TT_CACHE_REMOTE={remote}" in error and what in error, error
     assert not list((tmp_path / "home").rglob(".weights_complete.*"))
 
 
