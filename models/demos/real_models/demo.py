@@ -284,7 +284,7 @@ def from_the_store(model: KnownModel, snapshot: Path, opts: argparse.Namespace, 
     conversion), verify, and the completion from that cache."""
     from models.common.weight_cache import verify_weight_cache
 
-    check_layout(model, snapshot, opts.mesh)
+    check_layout(model, snapshot, opts.mesh, opts.precision)
     start = run_phase(model, "build", "--snapshot", str(snapshot), "--precision", opts.precision, "--mesh", opts.mesh,
                       verbose=opts.verbose)
     if not start["warm"] or start["store"] != "hit":
