@@ -87,16 +87,17 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
 GATE_PROBE = r"""
 import statistics, sys, time
 import models
-from models.common.weight_cache import weight_cache_status
+from models.common.weight_cache.gate import weight_cache_status
+from models.common.weight_cache.layout import VariantPaths
 root, layers, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 kwargs = dict(model_name="bench", n_layers=layers, mesh_shape=(1, 1))
 start = time.perf_counter()
-first = weight_cache_status(root, **kwargs)
+first = weight_cache_status(VariantPaths(root), **kwargs)
 first_ms = (time.perf_counter() - start) * 1e3
 times = []
 for _ in range(repeats):
     start = time.perf_counter()
-    result = weight_cache_status(root, **kwargs)
+    result = weight_cache_status(VariantPaths(root), **kwargs)
     times.append((time.perf_counter() - start) * 1e3)
 assert first.warm and result.warm, (first.reason, result.reason)
 import os

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"expected a cold then a warm build, got cold={not cold['warm']} warm={warm['warm']}")
     rows += [("cold build", cold), ("warm build", warm)]
     loader = make_loader(model, snapshot, opts.precision, opts.mesh)
-    problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
+    problems = verify_weight_cache(loader.paths)
     ours, theirs = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps)
 
     print(f"\n{model.name} ({model.repo_id}, {model.family}; {opts.precision}, mesh {opts.mesh}) from {snapshot}")

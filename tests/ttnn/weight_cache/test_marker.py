@@ -24,7 +24,7 @@ from models.testing import weight_cache_seeder as seeder
 
 
 def gate(root: Path) -> wc.CacheStatus:
-    return wc.weight_cache_status(root, **seeder.gate_kwargs())
+    return wc.weight_cache_status(wc.VariantPaths(root), **seeder.gate_kwargs())
 
 
 def publish_marker(root: Path, raw: bytes) -> None:

@@ -169,7 +169,7 @@ def test_gate_is_cold_when_a_recorded_path_is_a_directory(seeded_cache) -> None:
     }
     rewrite_marker(seeded_cache.root, body)
     assert not status(seeded_cache).warm
-    assert any("layers.0" in p for p in wc.verify_weight_cache(seeded_cache.root))
+    assert any("layers.0" in p for p in wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root)))
 
 
 def test_same_size_corruption_is_rehashed_by_the_gate_and_deep_verify_names_the_file(seeded_cache) -> None:
@@ -179,19 +179,19 @@ def test_same_size_corruption_is_rehashed_by_the_gate_and_deep_verify_names_the_
     path.write_bytes(bytes(data))  # same size, but a new mtime/ctime: the gate re-hashes it
     result = status(seeded_cache)
     assert not result.warm and "content differs" in result.reason
-    problems = wc.verify_weight_cache(seeded_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root))
     assert len(problems) == 1 and seeded_cache.files["layers.0.feed_forward.w1.weight"] in problems[0]
 
 
 def test_deep_verify_of_an_intact_cache_is_empty_and_names_missing_files(seeded_cache) -> None:
-    assert wc.verify_weight_cache(seeded_cache.root) == []
+    assert wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root)) == []
     seeded_cache.path("norm.weight").unlink()
-    problems = wc.verify_weight_cache(seeded_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root))
     assert len(problems) == 1 and seeded_cache.files["norm.weight"] in problems[0]
 
 
 def test_deep_verify_without_a_marker_says_so(built_cache) -> None:
-    problems = wc.verify_weight_cache(built_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(built_cache.root))
     assert len(problems) == 1 and "no completion marker" in problems[0]
 
 

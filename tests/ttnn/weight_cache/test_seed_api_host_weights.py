@@ -47,7 +47,7 @@ def test_warm_start_after_the_checkpoint_is_deleted(tmp_path, built_cache, tiny_
     checkpoint.rmdir()
 
     assert wc.weight_cache_is_complete(built_cache.root, **built_cache.gate_kwargs(model_name=name))
-    assert wc.cached_model_config(built_cache.root) == seeder.MODEL_CONFIG
+    assert wc.cached_model_config(wc.VariantPaths(built_cache.root)) == seeder.MODEL_CONFIG
     sd = wc.build_cached_state_dict(built_cache.root)
     assert torch.equal(sd["tok_embeddings.weight"], built_cache.state_dict["tok_embeddings.weight"])
     key = "layers.1.attention.wq.weight"
@@ -61,7 +61,7 @@ def test_warm_start_after_the_checkpoint_is_deleted(tmp_path, built_cache, tiny_
 def test_cached_model_config_without_a_recorded_config_raises(built_cache) -> None:
     assert built_cache.mark(model_config=None)
     with pytest.raises(wc.WeightCacheError, match="no model config"):
-        wc.cached_model_config(built_cache.root)
+        wc.cached_model_config(wc.VariantPaths(built_cache.root))
 
 
 # --------------------------------------------------------------------------------------------
