@@ -35,6 +35,7 @@ from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
 import models  # noqa: E402,F401  (mock cluster before ttnn)
 from models.common import weight_cache as wc  # noqa: E402
+from models.common.weight_cache.placeholders import placeholder
 from models.common.fileio import HASH_READ_BYTES, content_digest_file  # noqa: E402
 from models.common.measure import peak_rss_mib, rss_bytes, run_measured  # noqa: E402
 
@@ -78,7 +79,7 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
         directory = root / f"layers.{layer}"
         directory.mkdir(exist_ok=True)
         (directory / f"w{slot}_dtype_BFLOAT16_layout_TILE.tensorbin").write_bytes(data)
-        manifest[f"layers.{layer}.w{slot}.weight"] = wc.placeholder((32, 32), torch.bfloat16)
+        manifest[f"layers.{layer}.w{slot}.weight"] = placeholder((32, 32), torch.bfloat16)
     start = time.perf_counter()
     assert wc.mark_weight_cache_complete(root, manifest, model_name="bench", n_layers=count // 100, mesh_shape=MESH)
     return time.perf_counter() - start

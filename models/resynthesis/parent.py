@@ -43,7 +43,8 @@ class ParentIdentity:
 
 def parent_identity(loader: Any, loaded: Any) -> ParentIdentity:
     """The identity of a loaded parent, read from its weight cache's marker (never assumed)."""
-    from models.common.weight_cache import read_marker, weights_identity
+    from models.common.weight_cache import read_marker
+    from models.common.weight_cache.marker import weights_identity
 
     marker = read_marker(loader.paths)
     checkpoint_id = marker.content_id or marker.model_id  # the same weights under any folder name

@@ -43,7 +43,6 @@ from models.common.weight_cache.layout import (
     in_seed_layout,
     nested_cache,
     tensorbins_below,
-    variant_unverifiable,
 )
 from models.common.weight_cache.marker import (
     WeightCacheError,
@@ -53,6 +52,7 @@ from models.common.weight_cache.marker import (
     safe_relative_path,
 )
 from models.common.weight_cache.usage import touch_last_used
+from models.common.weight_cache.variant import variant_unverifiable
 
 if TYPE_CHECKING:
     import torch

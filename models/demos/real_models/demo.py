@@ -64,7 +64,7 @@ def make_loader(model: KnownModel, snapshot: Path | str, precision: str, mesh: s
 
 def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> dict:
     """One load in this process; returns its numbers (run in a child for a clean peak RSS)."""
-    from models.common.weight_cache import cache_bytes
+    from models.common.weight_cache.layout import cache_bytes
     from models.registry import loader_class
 
     loader_class(model.family)  # imports the family, torch and ttnn first: they are not the build's time

@@ -20,12 +20,9 @@ import torch
 
 from models.common.checkpoint import CheckpointError
 from models.common.mesh import parse_mesh_shape
-from models.common.weight_cache import (
-    WeightCacheError,
-    build_cached_state_dict,
-    placeholder,
-)
-from models.common.weight_cache.marker import build_relative, marker_path, read_marker
+from models.common.weight_cache import WeightCacheError, build_cached_state_dict, marker_path, read_marker
+from models.common.weight_cache.marker import build_relative
+from models.common.weight_cache.placeholders import placeholder
 from models.common.weight_cache.tensor_cache import TensorCache
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader

@@ -14,6 +14,7 @@ import torch
 import ttnn
 
 from models.common import weight_cache as wc
+from models.common.weight_cache.placeholders import is_placeholder_tensor, placeholder
 from models.testing import weight_cache_seeder as seeder
 from tests.ttnn.weight_cache.seed_api import (
     as_tensor_prefix,
@@ -35,18 +36,18 @@ def test_non_host_keys_are_storage_free_placeholders_of_the_manifest_shape(seede
         if key in seeder.HOST_KEYS:
             assert not value.is_meta
         else:
-            assert value.is_meta and wc.is_placeholder_tensor(value)
+            assert value.is_meta and is_placeholder_tensor(value)
 
 
 def test_a_placeholder_of_terabytes_allocates_nothing() -> None:
-    huge = wc.placeholder((1 << 20, 1 << 20), torch.bfloat16)  # 2 TiB if it had storage
+    huge = placeholder((1 << 20, 1 << 20), torch.bfloat16)  # 2 TiB if it had storage
     assert huge.is_meta and huge.numel() == 1 << 40
     with pytest.raises((NotImplementedError, RuntimeError)):
         huge.sum().item()
 
 
 def test_placeholders_accept_host_side_reshapes_and_casts() -> None:
-    w = wc.placeholder((64, 128), torch.bfloat16)
+    w = placeholder((64, 128), torch.bfloat16)
     assert w.reshape(8, 8, 128).shape == (8, 8, 128)
     assert w.transpose(0, 1).shape == (128, 64) and w.T.shape == (128, 64)
     assert w.view(2, 32, 128).permute(2, 0, 1).shape == (128, 2, 32)
