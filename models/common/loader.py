@@ -177,7 +177,9 @@ class WeightLoader(ABC):
         cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off; 0 to 64). ``workers``:
         threads converting a cold build that streams (a seed, a cold load on the host; default
         ``$TT_CONVERT_WORKERS``, else one per CPU this process may use; 0 to 256; never more than the
-        plan's units of work; see :mod:`models.common.convert_workers`). A bad count is a ``ValueError``."""
+        plan's units of work; see :mod:`models.common.convert_workers`). A bad count, or a bad value of
+        any variable of :mod:`models.common.envs`, is a ``ValueError`` naming it."""
+        envs.check()
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
@@ -265,7 +267,7 @@ class WeightLoader(ABC):
             self._pull_cache_only()
         args = self.make_args(self.model_config(), self.num_layers)
         if self.forced:
-            why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
+            why = "force=True" if self.force else f"{self.force_env}={envs.raw(self.force_env or '')}"
             return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
         if loaded is None and self._pulled_from_remote(args):

@@ -149,7 +149,7 @@ def weight_cache_status(
     model id, org included, or one this build was loaded warm as
     (:func:`~models.common.weight_cache.usage.model_ids`)."""
     if is_forced(None, force_env):
-        return _cold(f"cold build forced by {force_env}={os.environ.get(force_env, '').strip()}")
+        return _cold(f"cold build forced by {force_env}={envs.raw(force_env)}")
     build_variant = paths.build_variant
     if variant_unverifiable(build_variant):
         return _cold(f"build variant could not be computed ({build_variant.get('error', 'unknown error')})")

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from models.common import envs
 from models.common.checkpoint import read_config
 from models.common.device_env import ensure_host_cluster, set_output
 from models.common.heads import layout_problem
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    envs.check_or_exit()
     set_output(verbose=opts.verbose)  # before ttnn, loguru or transformers is imported
     model = known_model(opts.model)
     prompt = opts.prompt if opts.prompt is not None else DEFAULT_PROMPTS[model.chat]
