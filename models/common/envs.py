@@ -11,7 +11,7 @@ or a parent process that sets a variable is seen at once, and no module keeps a 
 there: every read parses it, and a value outside what it accepts is a :class:`BadValue` naming the
 variable and what it accepts (``TT_HOST_THREADS='eight': expected a whole number from 1 to
 1024``), never a silent default. :func:`check` reads them all: every entry point (``tt-cache``,
-``python -m models.seeding``, the demos, the vLLM plugin, the loaders) calls it before any work, so
+its ``build`` and ``seed`` included, the demos, the vLLM plugin, the loaders) calls it before any work, so
 a bad value is refused at once (exit 2 from a command line), never midway. The Python arguments
 the variables stand in for (a loader's ``workers=``, ``prefetch=``) are checked by the same
 declaration (:meth:`WholeNumber.check`), so both accept the same values.
