@@ -37,15 +37,17 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 from _bench_output import write_results  # noqa: E402
 
-# Runs ``tt-cache`` as its console script does, and writes this process's I/O counters at exit.
+# Runs ``tt-cache`` as its console script does (its arguments after the first), and writes this
+# process's I/O counters at exit to the file its first argument names.
 WRAPPER = """
-import atexit, json, os, sys
+import atexit, json, sys
+io_out = sys.argv[1]
 def _io():
     fields = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
-    with open(os.environ["BENCH_IO_OUT"], "w") as out:
+    with open(io_out, "w") as out:
         json.dump({key: int(value) for key, value in fields.items()}, out)
 atexit.register(_io)
-sys.argv = ["tt-cache", *sys.argv[1:]]
+sys.argv = ["tt-cache", *sys.argv[2:]]
 from models.tt_cache.cli import main
 sys.exit(main())
 """
@@ -104,9 +106,9 @@ def check_once(python: Path, plan: Path, cache: Path, work: Path) -> dict[str, f
     home = Path(tempfile.mkdtemp(prefix="home-", dir=work))
     io_out = home / "io.json"
     env = {"PATH": f"{python.parent}:/usr/bin:/bin", "HOME": str(home), "TT_CACHE_PATH": str(cache),
-           "HF_HUB_OFFLINE": "1", "BENCH_IO_OUT": str(io_out)}
+           "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
-    child = subprocess.Popen([str(python), "-c", WRAPPER, "seed", "--plan", str(plan), "--check", "--json"],
+    child = subprocess.Popen([str(python), "-c", WRAPPER, str(io_out), "seed", "--plan", str(plan), "--check", "--json"],
                              env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = child.communicate()
     wall = time.perf_counter() - start

@@ -78,7 +78,7 @@ else:
                     del source, piece, target
         result["pages"] = time.perf_counter() - t
         result["inner"] += result["pages"]
-    from models.common.weight_cache import cache_bytes
+    from models.common.weight_cache.layout import cache_bytes
     result["cache_bytes"] = cache_bytes(loaded.cache_dir)
     result["cache_dir"] = str(loaded.cache_dir)
 result["process"] = time.perf_counter() - t0

@@ -35,6 +35,7 @@ import json, sys, time
 from models.common.device_env import ensure_host_cluster
 ensure_host_cluster()
 import torch, ttnn
+from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import family_of, loader_class
@@ -48,7 +49,7 @@ t0 = time.perf_counter()
 loaded = cls(model, precision=precision, prefetch=threads).load()
 assert loaded.warm, loaded.reason
 t_load = time.perf_counter() - t0
-marker = read_marker(loaded.cache_dir, cls(model, precision=precision).build_variant)
+marker = read_marker(VariantPaths(loaded.cache_dir, cls(model, precision=precision).build_variant))
 root = loaded.cache_dir / (marker.generation or "")
 paths = [root / tensorbin_name(name, loaded.formats[name]) for name in loaded.weights]
 if marker.host_sidecar:

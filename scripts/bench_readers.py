@@ -127,7 +127,7 @@ def cache_files(model: str, precision: str, cache_root: Path) -> list[str]:
              "model = known_model(sys.argv[1])\n"
              "loader = make_loader(model, prepare_model(model.name), sys.argv[2], '1x1')\n"
              "assert loader.seed().complete\n"
-             "marker = read_marker(loader.cache_dir, loader.build_variant)\n"
+             "marker = read_marker(loader.paths)\n"
              "print('\\n'.join(str(loader.cache_dir / r.path) for r in marker.all_files()))\n")
     done = subprocess.run([sys.executable, "-c", child, model, precision], cwd=REPO, check=True, text=True,
                           capture_output=True, env=dict(os.environ, TT_CACHE_PATH=str(cache_root), PYTHONPATH=str(REPO)))

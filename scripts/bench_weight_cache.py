@@ -35,6 +35,7 @@ from _bench_output import DEFAULT_OUT_DIR, write_results  # noqa: E402
 
 import models  # noqa: E402,F401  (mock cluster before ttnn)
 from models.common import weight_cache as wc  # noqa: E402
+from models.common.weight_cache.placeholders import placeholder
 from models.common.fileio import HASH_READ_BYTES, content_digest_file  # noqa: E402
 from models.common.measure import peak_rss_mib, rss_bytes, run_measured  # noqa: E402
 
@@ -78,7 +79,7 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
         directory = root / f"layers.{layer}"
         directory.mkdir(exist_ok=True)
         (directory / f"w{slot}_dtype_BFLOAT16_layout_TILE.tensorbin").write_bytes(data)
-        manifest[f"layers.{layer}.w{slot}.weight"] = wc.placeholder((32, 32), torch.bfloat16)
+        manifest[f"layers.{layer}.w{slot}.weight"] = placeholder((32, 32), torch.bfloat16)
     start = time.perf_counter()
     assert wc.mark_weight_cache_complete(root, manifest, model_name="bench", n_layers=count // 100, mesh_shape=MESH)
     return time.perf_counter() - start
@@ -87,16 +88,17 @@ def seed_many_tensorbins(root: Path, count: int) -> float:
 GATE_PROBE = r"""
 import statistics, sys, time
 import models
-from models.common.weight_cache import weight_cache_status
+from models.common.weight_cache.gate import weight_cache_status
+from models.common.weight_cache.layout import VariantPaths
 root, layers, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 kwargs = dict(model_name="bench", n_layers=layers, mesh_shape=(1, 1))
 start = time.perf_counter()
-first = weight_cache_status(root, **kwargs)
+first = weight_cache_status(VariantPaths(root), **kwargs)
 first_ms = (time.perf_counter() - start) * 1e3
 times = []
 for _ in range(repeats):
     start = time.perf_counter()
-    result = weight_cache_status(root, **kwargs)
+    result = weight_cache_status(VariantPaths(root), **kwargs)
     times.append((time.perf_counter() - start) * 1e3)
 assert first.warm and result.warm, (first.reason, result.reason)
 import os

@@ -51,7 +51,7 @@ from models.common.heads import column_heads
 from models.common.loader import WeightLoader
 from models.common.mesh import COLUMN_PARALLEL, EXPERT_PARALLEL, REPLICATED, ROW_PARALLEL, Placement
 from models.common.model_args import ModelArgs
-from models.common.weight_cache import concat, stack
+from models.common.weight_cache.placeholders import concat, stack
 from models.common.weight_cache.tensor_cache import TensorFormat
 
 HF_DECODER_RULES: tuple[KeyRule, ...] = (

@@ -33,7 +33,6 @@ from models.common import envs
 MOCK_CLUSTER_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 LOG_LEVEL_ENV = "LOGURU_LEVEL"
 DEFAULT_LOG_LEVEL = "INFO"
-MOCK_BOARD_ENV = "TT_MOCK_BOARD"
 MOCK_CLUSTER_DIR = Path(__file__).resolve().parent / "mock_clusters"
 MOCK_CLUSTERS = {
     "n150": MOCK_CLUSTER_DIR / "wormhole_N150.yaml",
@@ -62,22 +61,20 @@ def ensure_host_cluster() -> str | None:
 
     ``TT_MOCK_BOARD`` picks the shipped descriptor (``n150`` Wormhole, default; ``p150`` Blackhole).
     Also defaults ``LOGURU_LEVEL`` to INFO (see the module doc: no ttnn CONFIG banner)."""
-    if LOG_LEVEL_ENV not in os.environ:
+    if not envs.LOGURU_LEVEL:
         _set_default(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
     if envs.TT_METAL_MOCK_CLUSTER_DESC_PATH:
         return envs.TT_METAL_MOCK_CLUSTER_DESC_PATH
     if tenstorrent_card_present():
         return None
-    board = envs.TT_MOCK_BOARD.lower()
-    if board not in MOCK_CLUSTERS:
-        raise ValueError(f"{MOCK_BOARD_ENV}={board!r}: expected one of {sorted(MOCK_CLUSTERS)}")
-    os.environ[MOCK_CLUSTER_ENV] = str(MOCK_CLUSTERS[board])
-    return os.environ[MOCK_CLUSTER_ENV]
+    descriptor = str(MOCK_CLUSTERS[envs.TT_MOCK_BOARD])  # the table refuses other boards
+    os.environ[MOCK_CLUSTER_ENV] = descriptor
+    return descriptor
 
 
 def _project_set() -> dict[str, str]:
     """The output variables the project set, with the value it set (``NAME=value,...``)."""
-    pairs = (item.partition("=") for item in os.environ.get(PROJECT_SET_ENV, "").split(",") if item)
+    pairs = (item.partition("=") for item in envs.TT_OUTPUT_DEFAULTS.split(",") if item)
     return {name: value for name, _, value in pairs}
 
 
@@ -95,7 +92,8 @@ def _set_default(name: str, value: str | None) -> None:
 def user_set(name: str) -> bool:
     """Whether the user set ``name``: it is set, and not to the value this project (in this process
     or a parent) set it to."""
-    return name in os.environ and _project_set().get(name) != os.environ[name]
+    value = envs.raw(name)
+    return bool(value) and _project_set().get(name) != value
 
 
 def set_output(*, verbose: bool) -> None:

@@ -5,19 +5,25 @@ Read them as attributes, ``envs.TT_CACHE_PATH``: each read consults ``os.environ
 or a parent process that sets a variable is seen at once, and no module keeps a stale copy.
 ``describe()`` prints the table (``tt-cache env``).
 
-A variable whose value is a count declares its type in the table (:class:`WholeNumber`: the range
-it accepts and what unset means), and the one rule for it lives there: every read parses it, and a
-value outside it is a :class:`BadValue` naming the variable and what it accepts, never a silent
-default. The Python arguments the variables stand in for (a loader's ``workers=``, ``prefetch=``)
-are checked by the same declaration (:meth:`WholeNumber.check`), so both accept the same values.
+**Typed in the table.** Every variable declares its kind and default here (:class:`Text`,
+:class:`Flag`, :class:`WholeNumber`, :class:`Size`, :class:`Choice`, :class:`ThreadCounts`,
+:class:`PathValue`, :class:`StoreUrl`, :class:`MeshName`), and the one rule for reading it lives
+there: every read parses it, and a value outside what it accepts is a :class:`BadValue` naming the
+variable and what it accepts (``TT_HOST_THREADS='eight': expected a whole number from 1 to
+1024``), never a silent default. :func:`check` reads them all: every entry point (``tt-cache``,
+its ``build`` and ``seed`` included, the demos, the vLLM plugin, the loaders) calls it before any work, so
+a bad value is refused at once (exit 2 from a command line), never midway. The Python arguments
+the variables stand in for (a loader's ``workers=``, ``prefetch=``) are checked by the same
+declaration (:meth:`WholeNumber.check`), so both accept the same values.
 
-Variables owned by other programs (the Hugging Face hub's, ttnn's) are read here by their owners'
-rules, so the project agrees with them about where things are.
+Variables owned by other programs (the Hugging Face hub's, ttnn's, OpenMP's) are read here by their
+owners' rules, so the project agrees with them about where things are.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,26 +32,27 @@ from typing import Any
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 
 
 def parse_flag(text: str | None) -> bool:
-    """The one reading of an on/off variable: ``1``, ``true``, ``yes`` or ``on`` in any case is on,
-    anything else (unset, empty, ``0``, ``no``) off; ``tt-cache env`` shows what the code acts on."""
+    """The one lenient reading of an on/off word: ``1``, ``true``, ``yes`` or ``on`` in any case is
+    on, anything else off (for switches whose name a caller chooses; the table's flags are strict)."""
     return (text or "").strip().lower() in TRUE_WORDS
 
 
 def flag(name: str) -> bool:
-    """Whether the on/off variable ``name`` is on (for switches whose name a caller may choose,
-    as the loaders' ``force_env``; the table's own flags read the same as attributes)."""
+    """Whether the on/off variable ``name`` is on: the table's :class:`Flag` when it declares
+    ``name`` (a bad value is refused), else :func:`parse_flag` (a loader's own ``force_env``)."""
+    variable = ENVIRONMENT_VARIABLES.get(name)
+    if variable is not None and isinstance(variable.kind, Flag):
+        return bool(variable.read())
     return parse_flag(os.environ.get(name))
 
 
-def _flag(name: str) -> Callable[[], bool]:
-    return lambda: flag(name)
-
-
-def _text(name: str, default: str | None = None) -> Callable[[], str | None]:
-    return lambda: os.environ.get(name) or default
+def raw(name: str) -> str:
+    """The text of ``name`` as set (empty when unset), for messages that quote what the user set."""
+    return os.environ.get(name, "").strip()
 
 
 def _user_cache_home() -> Path:
@@ -73,6 +80,44 @@ class BadValue(ValueError):
     (the CLI's exit 2, a ``ValueError`` from the Python API)."""
 
 
+def _refuse(name: str, text: str, accepts: str) -> BadValue:
+    return BadValue(f"{name}={text!r}: expected {accepts}")
+
+
+# --------------------------------------------------------------------------------------------
+# Kinds: what a variable accepts, and its value when unset or empty
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    """Any text (another program's variable the project passes on or quotes)."""
+
+    default: str | None = ""
+    accepts = "any text"
+
+    def parse(self, name: str, text: str | None) -> str | None:
+        return text if text else self.default
+
+
+@dataclass(frozen=True)
+class Flag:
+    """On (``1``, ``true``, ``yes``, ``on``) or off (``0``, ``false``, ``no``, ``off``), any case."""
+
+    default: bool = False
+    accepts = "1/true/yes/on or 0/false/no/off"
+
+    def parse(self, name: str, text: str | None) -> bool:
+        word = (text or "").strip().lower()
+        if not word:
+            return self.default
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise _refuse(name, text or "", self.accepts)
+
+
 @dataclass(frozen=True)
 class WholeNumber:
     """A count: a whole number from ``low`` to ``high``; unset or empty is ``default`` (None: the
@@ -95,7 +140,7 @@ class WholeNumber:
         if not text:
             return self.default
         if not (text.isascii() and text.isdigit()) or not self.low <= int(text) <= self.high:
-            raise BadValue(f"{name}={text!r}: expected {self.accepts}")
+            raise _refuse(name, text, self.accepts)
         return int(text)
 
     def check(self, what: str, value: object) -> int:
@@ -106,120 +151,226 @@ class WholeNumber:
         return value
 
 
-def _whole_number(name: str, kind: WholeNumber) -> Callable[[], int | None]:
-    return lambda: kind.parse(name, os.environ.get(name))
+@dataclass(frozen=True)
+class Size:
+    """A size in bytes as ``du -h`` prints it (``512K``, ``64M``, ``20G``; :mod:`models.common.units`)."""
+
+    default: int | None = None
+    accepts = "a size: a number with an optional K/M/G/T/P unit (e.g. 64M, 20G)"
+
+    def parse(self, name: str, text: str | None) -> int | None:
+        from models.common.units import parse_size
+
+        if not (text or "").strip():
+            return self.default
+        try:
+            return parse_size(text)
+        except ValueError:
+            raise _refuse(name, text, self.accepts) from None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``choices`` (any case; the value is the choice as declared)."""
+
+    choices: tuple[str, ...]
+    default: str
+
+    @property
+    def accepts(self) -> str:
+        return f"one of {', '.join(self.choices)} (unset: {self.default})"
+
+    def parse(self, name: str, text: str | None) -> str:
+        word = (text or "").strip()
+        if not word:
+            return self.default
+        for choice in self.choices:
+            if word.lower() == choice.lower():
+                return choice
+        raise _refuse(name, text or "", self.accepts)
+
+
+@dataclass(frozen=True)
+class PathValue:
+    """A path (``~`` expanded); unset or empty is ``default()`` (None: none)."""
+
+    default: Callable[[], Path] | None = None
+    accepts = "a path"
+
+    def parse(self, name: str, text: str | None) -> Path | None:
+        if text:
+            return Path(text).expanduser()
+        return self.default() if self.default is not None else None
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """A URL of one of ``schemes`` with a host (``s3://BUCKET``, ``http://HOST``), or where
+    ``directories`` a directory (a path or ``file://``); unset or empty is none (``""``)."""
+
+    schemes: tuple[str, ...]
+    directories: bool = False
+
+    @property
+    def accepts(self) -> str:
+        forms = [f"{scheme}://HOST..." if scheme != "s3" else "s3://BUCKET[/PREFIX]" for scheme in self.schemes]
+        return " or ".join([", ".join(forms), *(["a directory"] if self.directories else [])])
+
+    def parse(self, name: str, text: str | None) -> str:
+        url = (text or "").strip()
+        if not url:
+            return ""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme in self.schemes and parsed.netloc:
+            return url
+        if self.directories and (parsed.scheme == "file" or (not parsed.scheme and not parsed.netloc)):
+            return url
+        raise _refuse(name, url, self.accepts)
+
+
+@dataclass(frozen=True)
+class MeshName:
+    """A mesh as tt-metal names it (``N150``, ``T3K``, ...) or ``RxC``; the value is ``(rows, cols)``,
+    None when unset (:func:`models.common.mesh.parse_mesh_shape`, the one reading of a mesh name)."""
+
+    @property
+    def accepts(self) -> str:
+        from models.common.mesh import KNOWN_MESHES, MESH_ALIASES
+
+        return f"RxC or one of {', '.join([*KNOWN_MESHES, *MESH_ALIASES])}"
+
+    def parse(self, name: str, text: str | None) -> tuple[int, int] | None:
+        from models.common.mesh import MeshError, parse_mesh_shape
+
+        if not (text or "").strip():
+            return None
+        try:
+            return parse_mesh_shape(text)
+        except MeshError:
+            raise _refuse(name, text, self.accepts) from None
+
+
+@dataclass(frozen=True)
+class ThreadCounts:
+    """OpenMP's ``OMP_NUM_THREADS``: positive counts, one per nesting level (``4`` or ``4,2``); the
+    value is the first level's, None when unset."""
+
+    accepts = "a positive whole number, or a comma-separated list of them (OpenMP's form, e.g. 4,2)"
+
+    def parse(self, name: str, text: str | None) -> int | None:
+        text = (text or "").strip()
+        if not text:
+            return None
+        levels = [level.strip() for level in text.split(",")]
+        if not all(level.isascii() and level.isdigit() and int(level) >= 1 for level in levels):
+            raise _refuse(name, text, self.accepts)
+        return int(levels[0])
+
+
+Kind = Text | Flag | WholeNumber | Size | Choice | PathValue | StoreUrl | MeshName | ThreadCounts
 
 
 @dataclass(frozen=True)
 class EnvVar:
-    read: Callable[[], Any]
+    name: str
+    kind: Kind
     help: str
-    kind: WholeNumber | None = None  # a typed variable: read() parses (and refuses) by it
+    reader: Callable[[], Any] | None = None  # another program's own rule for its variable
 
-    @classmethod
-    def count(cls, name: str, kind: WholeNumber, help: str) -> EnvVar:
-        """A count variable: its help ends with what it accepts."""
-        return cls(_whole_number(name, kind), f"{help}: {kind.accepts}", kind)
+    def read(self) -> Any:
+        if self.reader is not None:
+            return self.reader()
+        return self.kind.parse(self.name, os.environ.get(self.name))
 
 
 MAX_CONVERT_WORKERS = 256  # a worker holds about 0.5 GB at 70B shapes: far past any host's memory
 MAX_PREFETCH_THREADS = 64  # streams at once: past this a disk only seeks
+MAX_HOST_THREADS = 1024
+MAX_LRU_ENTRIES = 1 << 20
 CONVERT_WORKERS = WholeNumber(0, MAX_CONVERT_WORKERS, None, "unset: one per CPU", "0 or 1: one worker")
 PREFETCH_THREADS = WholeNumber(0, MAX_PREFETCH_THREADS, 4, "unset: 4", "0: off")
 REMOTE_RETRY_S = WholeNumber(0, 3600, 30, "unset: 30", "0: no retry")
+HOST_THREADS = WholeNumber(1, MAX_HOST_THREADS, 1, "unset: 1")
+BASE_FORWARD_CACHE_ENTRIES = WholeNumber(1, MAX_LRU_ENTRIES, 512, "unset: 512")
+MOCK_BOARDS = ("n150", "p150")
 
 
-ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
+def _table(*variables: EnvVar) -> dict[str, EnvVar]:
+    return {variable.name: variable for variable in variables}
+
+
+ENVIRONMENT_VARIABLES: dict[str, EnvVar] = _table(
     # -- the weight cache ---------------------------------------------------------------------
-    "TT_CACHE_PATH": EnvVar(
-        lambda: Path(os.environ.get("TT_CACHE_PATH") or _user_cache_home() / "tt-warm-loaders"),
-        "root of the ttnn weight cache (default ~/.cache/tt-warm-loaders)"),
-    "TT_TRANSFORMERS_FORCE_MODEL_LOAD": EnvVar(
-        _flag("TT_TRANSFORMERS_FORCE_MODEL_LOAD"),
-        "1/true/yes: every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
-    "TT_CONVERT_WORKERS": EnvVar.count(
-        "TT_CONVERT_WORKERS", CONVERT_WORKERS,
-        "threads converting a cold build's weights, at most one per unit of work (loaders also take workers=)"),
-    "TT_PREFETCH_THREADS": EnvVar.count(
-        "TT_PREFETCH_THREADS", PREFETCH_THREADS,
-        "threads reading a warm cache's files ahead of use (loaders also take prefetch=)"),
-    "TT_CACHE_REMOTE": EnvVar(
-        _text("TT_CACHE_REMOTE", ""), "a shared store of warm caches (s3://BUCKET/PREFIX, an http(s) mirror or a "
-        "directory): a cold load first pulls its exact variant from it, a cache-only deploy the newest of its model id "
-        "(tt-cache push fills it)"),
-    "TT_CACHE_REMOTE_PUSH": EnvVar(
-        _flag("TT_CACHE_REMOTE_PUSH"), "1/true/yes: a cold build that completes its cache pushes the new variant to "
-        "$TT_CACHE_REMOTE (a failed push is one warning; the local cache stays warm)"),
-    "TT_CACHE_REMOTE_RETRY_S": EnvVar.count(
-        "TT_CACHE_REMOTE_RETRY_S", REMOTE_RETRY_S,
-        "seconds an object transfer to or from a shared store that stopped answering is retried, with backoff from "
-        "0.5 s doubling to 8 s, before it fails"),
-    "AWS_ENDPOINT_URL": EnvVar(
-        _text("AWS_ENDPOINT_URL", ""), "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from "
-        "the standard AWS chain and are never shown)"),
-    "TT_USER_STATE": EnvVar(
-        lambda: Path(os.environ.get("TT_USER_STATE") or _user_cache_home() / "tt-warm-loaders-state"),
-        "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),
+    EnvVar("TT_CACHE_PATH", PathValue(lambda: _user_cache_home() / "tt-warm-loaders"),
+           "root of the ttnn weight cache (default ~/.cache/tt-warm-loaders)"),
+    EnvVar("TT_TRANSFORMERS_FORCE_MODEL_LOAD", Flag(False),
+           "every load builds cold, as if no cache existed (tt-metal's name; loaders also take force=)"),
+    EnvVar("TT_CONVERT_WORKERS", CONVERT_WORKERS,
+           "threads converting a cold build's weights, at most one per unit of work (loaders also take workers=)"),
+    EnvVar("TT_PREFETCH_THREADS", PREFETCH_THREADS,
+           "threads reading a warm cache's files ahead of use (loaders also take prefetch=)"),
+    EnvVar("TT_CACHE_REMOTE", StoreUrl(("s3", "http", "https"), directories=True),
+           "a shared store of warm caches (s3://BUCKET/PREFIX, an http(s) mirror or a directory): a cold load first "
+           "pulls its exact variant from it, a cache-only deploy the newest of its model id (tt-cache push fills it)"),
+    EnvVar("TT_CACHE_REMOTE_PUSH", Flag(False),
+           "a cold build that completes its cache pushes the new variant to $TT_CACHE_REMOTE (a failed push is one "
+           "warning; the local cache stays warm)"),
+    EnvVar("TT_CACHE_REMOTE_RETRY_S", REMOTE_RETRY_S,
+           "seconds an object transfer to or from a shared store that stopped answering is retried, with backoff "
+           "from 0.5 s doubling to 8 s, before it fails"),
+    EnvVar("AWS_ENDPOINT_URL", StoreUrl(("http", "https")),
+           "the S3 endpoint of s3:// stores (boto3's variable; credentials come only from the standard AWS chain and "
+           "are never shown)"),
+    EnvVar("TT_USER_STATE", PathValue(lambda: _user_cache_home() / "tt-warm-loaders-state"),
+           "per-user state kept outside shared caches: stamps, locks and use records where a cache is read-only"),
     # -- tools --------------------------------------------------------------------------------
-    "TT_CACHE_DEBUG": EnvVar(_flag("TT_CACHE_DEBUG"), "1/true/yes: tt-cache prints the traceback of an internal error"),
-    "TT_MODEL_DATA": EnvVar(_text("TT_MODEL_DATA"), "where prepared real checkpoints live (default <repo>/model_data)"),
-    "GITHUB_STEP_SUMMARY": EnvVar(
-        _text("GITHUB_STEP_SUMMARY", ""), "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),
-    "GITHUB_OUTPUT": EnvVar(
-        _text("GITHUB_OUTPUT", ""), "set by GitHub Actions: tt-cache seed appends cache-hit, warm, cold, built, failed"),
-    "TT_VENV": EnvVar(
-        lambda: Path(os.environ.get("TT_VENV") or _REPO_ROOT / ".venv").expanduser(),
-        "the default environment (transformers' reference for the vLLM tests; default <repo>/.venv)"),
-    "TT_VLLM_VENV": EnvVar(
-        lambda: Path(os.environ.get("TT_VLLM_VENV") or _REPO_ROOT / ".venv-vllm").expanduser(),
-        "the vLLM environment scripts/setup_vllm_env.sh builds (default <repo>/.venv-vllm)"),
-    "TT_GGUF_CACHE": EnvVar(
-        lambda: Path(os.environ.get("TT_GGUF_CACHE") or _user_cache_home() / "tt-warm-loaders-gguf").expanduser(),
-        "where split GGUFs of the real models are assembled, shared by every model root"),
+    EnvVar("TT_CACHE_DEBUG", Flag(False), "tt-cache prints the traceback of an internal error"),
+    EnvVar("TT_MODEL_DATA", PathValue(), "where prepared real checkpoints live (default <repo>/model_data)"),
+    EnvVar("GITHUB_STEP_SUMMARY", PathValue(),
+           "set by GitHub Actions: tt-cache seed appends its statistics there (Markdown)"),
+    EnvVar("GITHUB_OUTPUT", PathValue(),
+           "set by GitHub Actions: tt-cache seed appends cache-hit, warm, cold, built, failed"),
+    EnvVar("TT_VENV", PathValue(lambda: _REPO_ROOT / ".venv"),
+           "the default environment (transformers' reference for the vLLM tests; default <repo>/.venv)"),
+    EnvVar("TT_VLLM_VENV", PathValue(lambda: _REPO_ROOT / ".venv-vllm"),
+           "the vLLM environment scripts/setup_vllm_env.sh builds (default <repo>/.venv-vllm)"),
+    EnvVar("TT_GGUF_CACHE", PathValue(lambda: _user_cache_home() / "tt-warm-loaders-gguf"),
+           "where split GGUFs of the real models are assembled, shared by every model root"),
     # -- the prefill cache and resynthesis -------------------------------------------------------
-    "TT_PREFILL_CACHE_MAX_SIZE": EnvVar(
-        _text("TT_PREFILL_CACHE_MAX_SIZE", ""), "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it"),
-    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE": EnvVar(
-        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE", ""), "the in-memory prefill LRU: on/off/auto (the seed's name)"),
-    "NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES": EnvVar(
-        _text("NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES", ""), "entries of the in-memory prefill LRU (the seed's name)"),
-    "TT_CPU_SHARE_DIR": EnvVar(
-        _text("TT_CPU_SHARE_DIR", ""), "where trainers on one host register to share the CPUs (default: a per-user dir)"),
-    "OMP_NUM_THREADS": EnvVar(_text("OMP_NUM_THREADS", ""), "OpenMP's thread count: host forwards use at most this many"),
+    EnvVar("TT_PREFILL_CACHE_MAX_SIZE", Size(None),
+           "size cap of the prefill cache (e.g. 20G): producers evict LRU beyond it (unset: no cap)"),
+    EnvVar("NNF_RESYNTHESIS_BASE_FORWARD_CACHE", Flag(True), "the in-memory prefill LRU on or off (the seed's name)"),
+    EnvVar("NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES", BASE_FORWARD_CACHE_ENTRIES,
+           "entries of the in-memory prefill LRU (the seed's name)"),
+    EnvVar("TT_CPU_SHARE_DIR", PathValue(), "where trainers on one host register to share the CPUs (default: a per-user dir)"),
+    EnvVar("OMP_NUM_THREADS", ThreadCounts(), "OpenMP's thread count: host forwards use at most this many"),
     # -- vLLM ------------------------------------------------------------------------------------
-    "TT_VLLM_HOST_PLATFORM": EnvVar(_text("TT_VLLM_HOST_PLATFORM", "1"), "0: leave the platform choice to vLLM"),
-    "TT_VLLM_FORWARD_SIGNALS": EnvVar(
-        _text("TT_VLLM_FORWARD_SIGNALS", "1"), "0: do not forward the engine core's SIGTERM to its main thread"),
-    "TT_VLLM_FREEZE_AT_EXIT": EnvVar(_text("TT_VLLM_FREEZE_AT_EXIT", "1"), "0: do not freeze the heap at exit"),
-    "TT_HOST_THREADS": EnvVar(_text("TT_HOST_THREADS", "1"), "torch threads of the vLLM worker's host forward"),
-    "MESH_DEVICE": EnvVar(_text("MESH_DEVICE", ""), "tt-metal's mesh name (N150, N300, T3K, TG, ...) a vLLM model is laid out for"),
-    "HF_MODEL": EnvVar(_text("HF_MODEL", ""), "tt-metal's checkpoint override; honoured by vLLM only for the model it was asked for"),
-    "MODEL_WEIGHTS_DIR": EnvVar(_text("MODEL_WEIGHTS_DIR", ""), "like HF_MODEL"),
+    EnvVar("TT_VLLM_HOST_PLATFORM", Flag(True), "off: leave the platform choice to vLLM"),
+    EnvVar("TT_VLLM_FORWARD_SIGNALS", Flag(True), "off: do not forward the engine core's SIGTERM to its main thread"),
+    EnvVar("TT_VLLM_FREEZE_AT_EXIT", Flag(True), "off: do not freeze the heap at exit"),
+    EnvVar("TT_HOST_THREADS", HOST_THREADS, "torch threads of the vLLM worker's host forward"),
+    EnvVar("MESH_DEVICE", MeshName(), "tt-metal's mesh name (N150, N300, T3K, TG, ...) a vLLM model is laid out for"),
+    EnvVar("HF_MODEL", Text(), "tt-metal's checkpoint override; honoured by vLLM only for the model it was asked for"),
+    EnvVar("MODEL_WEIGHTS_DIR", Text(), "like HF_MODEL"),
     # -- the host (no card) ---------------------------------------------------------------------
-    "TT_METAL_MOCK_CLUSTER_DESC_PATH": EnvVar(
-        _text("TT_METAL_MOCK_CLUSTER_DESC_PATH"), "ttnn's mock cluster descriptor (set by the project when no card is present)"),
-    "LOGURU_LEVEL": EnvVar(
-        _text("LOGURU_LEVEL", ""), "loguru's stderr level (loguru's own variable); the project defaults it to INFO, the tools "
-        "to WARNING unless --verbose; DEBUG shows ttnn's CONFIG banner at import"),
-    "TT_LOGGER_LEVEL": EnvVar(
-        _text("TT_LOGGER_LEVEL", ""), "ttnn's and UMD's C++ log level (tt-metal's variable); the tools set error unless "
-        "--verbose: no mock cluster / device driver lines"),
-    "HF_HUB_DISABLE_PROGRESS_BARS": EnvVar(
-        _text("HF_HUB_DISABLE_PROGRESS_BARS", ""), "1: no hub or transformers progress bars (the hub's variable); the "
-        "tools set it unless --verbose"),
-    "TRANSFORMERS_VERBOSITY": EnvVar(
-        _text("TRANSFORMERS_VERBOSITY", ""), "transformers' log level (its variable); the tools set error unless --verbose"),
-    "VLLM_LOGGING_LEVEL": EnvVar(
-        _text("VLLM_LOGGING_LEVEL", ""), "vLLM's log level (its variable); the vLLM example sets WARNING unless --verbose"),
-    "TT_OUTPUT_DEFAULTS": EnvVar(
-        _text("TT_OUTPUT_DEFAULTS", ""), "set by the project: which of the output variables above it set itself (a "
-        "child tells them from the user's, which always win)"),
-    "TT_MOCK_BOARD": EnvVar(_text("TT_MOCK_BOARD", "n150"), "which shipped mock cluster to use: n150 (Wormhole) or p150 (Blackhole)"),
+    EnvVar("TT_METAL_MOCK_CLUSTER_DESC_PATH", Text(None),
+           "ttnn's mock cluster descriptor (set by the project when no card is present)"),
+    EnvVar("LOGURU_LEVEL", Text(), "loguru's stderr level (loguru's own variable); the project defaults it to INFO, the "
+           "tools to WARNING unless --verbose; DEBUG shows ttnn's CONFIG banner at import"),
+    EnvVar("TT_LOGGER_LEVEL", Text(), "ttnn's and UMD's C++ log level (tt-metal's variable); the tools set error unless "
+           "--verbose: no mock cluster / device driver lines"),
+    EnvVar("HF_HUB_DISABLE_PROGRESS_BARS", Text(), "1: no hub or transformers progress bars (the hub's variable); the "
+           "tools set it unless --verbose"),
+    EnvVar("TRANSFORMERS_VERBOSITY", Text(), "transformers' log level (its variable); the tools set error unless --verbose"),
+    EnvVar("VLLM_LOGGING_LEVEL", Text(), "vLLM's log level (its variable); the vLLM example sets WARNING unless --verbose"),
+    EnvVar("TT_OUTPUT_DEFAULTS", Text(), "set by the project: which of the output variables above it set itself (a "
+           "child tells them from the user's, which always win)"),
+    EnvVar("TT_MOCK_BOARD", Choice(MOCK_BOARDS, "n150"), "which shipped mock cluster to use: n150 (Wormhole) or p150 (Blackhole)"),
     # -- the Hugging Face hub (its rules) --------------------------------------------------------
-    "HF_HUB_CACHE": EnvVar(_hub_cache, "the hub cache holding models--org--name/snapshots (hub rules: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)"),
-    "XDG_CACHE_HOME": EnvVar(_user_cache_home, "the user's cache home (default ~/.cache)"),
-}
-
+    EnvVar("HF_HUB_CACHE", PathValue(), "the hub cache holding models--org--name/snapshots (hub rules: HF_HUB_CACHE, "
+           "HF_HOME, XDG_CACHE_HOME)", _hub_cache),
+    EnvVar("XDG_CACHE_HOME", PathValue(), "the user's cache home (default ~/.cache)", _user_cache_home),
+)
 
 def __getattr__(name: str) -> Any:
     variable = ENVIRONMENT_VARIABLES.get(name)
@@ -233,16 +384,30 @@ def __dir__() -> list[str]:
 
 
 def check() -> None:
-    """Read every typed variable: the first bad value is a :class:`BadValue` (the CLI checks them
-    before it starts a build, so a bad one is refused at once, never midway)."""
+    """Read every variable: the first bad value is a :class:`BadValue` (every entry point calls it
+    before any work, so a bad value is refused at once, never midway)."""
     for variable in ENVIRONMENT_VARIABLES.values():
-        if variable.kind is not None:
-            variable.read()
+        variable.read()
+
+
+def check_or_exit() -> None:
+    """:func:`check` for a command line: a bad value is one line on stderr and exit 2 (no traceback)."""
+    try:
+        check()
+    except BadValue as error:
+        import sys
+
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(name, current value, what it does) for every variable; a bad value is shown with why."""
-    return [(name, _shown(variable), variable.help) for name, variable in ENVIRONMENT_VARIABLES.items()]
+    """(name, current value, what it does and accepts) for every variable; a bad value is shown with why."""
+    return [(name, _shown(variable), _help(variable)) for name, variable in ENVIRONMENT_VARIABLES.items()]
+
+
+def _help(variable: EnvVar) -> str:
+    return variable.help if isinstance(variable.kind, (Text, PathValue)) or variable.reader else f"{variable.help}: {variable.kind.accepts}"
 
 
 def _shown(variable: EnvVar) -> str:
@@ -250,4 +415,4 @@ def _shown(variable: EnvVar) -> str:
         value = variable.read()
     except BadValue as error:
         return f"refused: {error}"
-    return "" if value is None and variable.kind is not None else str(value)  # unset: the reader's own default
+    return "" if value is None else str(value)  # unset without a default: the reader's own

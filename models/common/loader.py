@@ -151,7 +151,9 @@ class WeightLoader(ABC):
         cache's files ahead of use (default ``$TT_PREFETCH_THREADS``, else 4; 0: off; 0 to 64). ``workers``:
         threads converting a cold build that streams (a seed, a cold load on the host; default
         ``$TT_CONVERT_WORKERS``, else one per CPU this process may use; 0 to 256; never more than the
-        plan's units of work; see :mod:`models.common.convert_workers`). A bad count is a ``ValueError``."""
+        plan's units of work; see :mod:`models.common.convert_workers`). A bad count, or a bad value of
+        any variable of :mod:`models.common.envs`, is a ``ValueError`` naming it."""
+        envs.check()
         self.policy = family_facts(self.family).policy(precision, model)  # PolicyError: a ValueError
         if num_layers is not None and (type(num_layers) is not int or num_layers < 1):
             raise ValueError(f"num_layers {num_layers!r}: expected a positive int")
@@ -246,7 +248,7 @@ class WeightLoader(ABC):
         args = self.make_args(self.model_config(), self.num_layers)
         self.policy.check_decoders(args.full_n_layers)
         if self.forced:
-            why = "force=True" if self.force else f"{self.force_env}={os.environ.get(self.force_env or '', '').strip()}"
+            why = "force=True" if self.force else f"{self.force_env}={envs.raw(self.force_env or '')}"
             return self._load_cold(args, f"cold build forced by {why}", start)
         loaded, reason = self._try_warm(args, start)
         if loaded is None and self.pull_from_remote(args):

@@ -74,7 +74,7 @@ from models.common.decoder import (
 from models.common.conversion import WeightSink
 from models.common.mesh import COLUMN_PARALLEL, REPLICATED, ROW_PARALLEL
 from models.common.model_args import ModelArgs
-from models.common.weight_cache import fp32_elementwise
+from models.common.weight_cache.placeholders import fp32_elementwise
 from models.gemma.loader import GEMMA_NORM_FORMAT, GEMMA_NORM_RULES, HOST_EMBEDDING
 
 HOST_PER_LAYER_EMBEDDING = "tok_embeddings_per_layer.weight"

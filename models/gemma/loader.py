@@ -23,7 +23,7 @@ from models.common.decoder import HF_DECODER_RULES, DecoderLoader, norm_for_devi
 from models.common.mesh import REPLICATED
 from models.common.model_args import ModelArgs
 from models.common.weight_cache.tensor_cache import TensorFormat
-from models.common.weight_cache import fp32_elementwise
+from models.common.weight_cache.placeholders import fp32_elementwise
 
 GEMMA_NORM_RULES = (
     KeyRule(r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"layers.\1.post_attention_norm.weight"),

@@ -3,7 +3,7 @@
 the cached ttnn tensors, and its identity taken from the weight cache itself.
 
 Identity. The weights the forward actually reads are named by
-``weight_cache.weights_identity(read_marker(cache_dir, build_variant))`` (SHA-256 of every
+``weights_identity(read_marker(loader.paths))`` (SHA-256 of every
 converted file's digest); the checkpoint id, precision, mesh, build variant and ``config.json``
 form the "parent manifest". Both enter every prefill object's authority, so a rebuilt cache
 with other weights, another precision or another checkpoint can never serve a stale object.
@@ -43,9 +43,10 @@ class ParentIdentity:
 
 def parent_identity(loader: Any, loaded: Any) -> ParentIdentity:
     """The identity of a loaded parent, read from its weight cache's marker (never assumed)."""
-    from models.common.weight_cache import read_marker, weights_identity
+    from models.common.weight_cache import read_marker
+    from models.common.weight_cache.marker import weights_identity
 
-    marker = read_marker(loaded.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     checkpoint_id = marker.content_id or marker.model_id  # the same weights under any folder name
     manifest = {
         "checkpointId": checkpoint_id,

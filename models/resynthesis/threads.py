@@ -57,24 +57,16 @@ _POLL_S: Final = 0.01
 _MAX_WAIT_S: Final = 30.0  # waiting for others to shrink; then run one thread anyway
 
 
-def omp_threads(environ: dict[str, str] | None = None) -> int | None:
-    """``OMP_NUM_THREADS`` as a positive count (its first level: ``4,2`` is 4), None when unset or
-    not a count."""
-    text = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
-    if not text:
-        return None
-    try:
-        count = int(text.split(",")[0])
-    except ValueError:
-        logger.warning("ignoring OMP_NUM_THREADS={!r}: not a thread count", text)
-        return None
-    return count if count >= 1 else None
+def omp_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive count (its first level: ``4,2`` is 4), None when unset (the
+    table refuses anything else)."""
+    return envs.OMP_NUM_THREADS
 
 
 def default_share_dir() -> Path:
-    configured = envs.TT_CPU_SHARE_DIR.strip()
-    if configured:
-        return Path(configured)
+    configured = envs.TT_CPU_SHARE_DIR
+    if configured is not None:
+        return configured
     return Path(tempfile.gettempdir()) / f"tt-warm-loaders-{os.getuid()}" / "cpu-share"
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
+from models.common import envs
 from models.common.build_plan import PlannedWeight, partition
 from models.common.checkpoint import CheckpointError
 from models.common.cold_build import ColdBuild
@@ -143,8 +145,8 @@ def start_ray(workers: int, address: str | None) -> float:
         return 0.0
     repo = os.fspath(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
-    if os.environ.get("TT_METAL_MOCK_CLUSTER_DESC_PATH"):
-        env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = os.environ["TT_METAL_MOCK_CLUSTER_DESC_PATH"]
+    if envs.TT_METAL_MOCK_CLUSTER_DESC_PATH:
+        env["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = envs.TT_METAL_MOCK_CLUSTER_DESC_PATH
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False}
     if address is None:
         kwargs |= {"num_cpus": workers, "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}

@@ -40,11 +40,12 @@ from models.common.checkpoint import (
 from models.common.mesh import MESH_SPELLINGS, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.precision import PolicyError, spec_problem
-from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir, variant_tag
+from models.common.weight_cache.layout import CacheRoot, VariantPaths, variant_subdir
 from models.common.weight_cache.marker import WeightCacheError, iter_markers
 from models.common.weight_cache.remote.after_build import HIT
 from models.common.weight_cache.request import CacheRequest
 from models.common.weight_cache.usage import answers_to, touch_last_used
+from models.common.weight_cache.variant import variant_tag
 from models.registry import FAMILY_LOADERS, family_facts, family_of, loader_class
 
 if TYPE_CHECKING:

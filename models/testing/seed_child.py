@@ -64,9 +64,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
     """A cache's marker without what differs between two equal builds (generation name, stat
     stamps, build time): every file's build-relative path, size and digest, the sidecar, the manifest."""
+    from models.common.weight_cache.layout import VariantPaths
     from models.common.weight_cache.marker import build_relative, read_marker
 
-    marker = read_marker(cache_dir, build_variant)
+    marker = read_marker(VariantPaths(cache_dir, build_variant))
     records = marker.all_files()
     body = dataclasses.asdict(marker) | {"generation": None, "host_sidecar": None, "verified_ns": None,
                                          "build_seconds": None}
@@ -76,11 +77,12 @@ def marker_essence(cache_dir: Path, build_variant: dict) -> dict:
 
 def assert_same_cache(a: Path, b: Path, build_variant: dict) -> None:
     """Two caches vouch for the same files (marker essence) and hold them byte for byte."""
+    from models.common.weight_cache.layout import VariantPaths
     from models.common.weight_cache.marker import read_marker
 
     essence = marker_essence(a, build_variant)
     assert essence == marker_essence(b, build_variant)
-    roots = [d / (read_marker(d, build_variant).generation or "") for d in (a, b)]
+    roots = [d / (read_marker(VariantPaths(d, build_variant)).generation or "") for d in (a, b)]
     different = [f for f, _, _ in essence["files"] if not filecmp.cmp(roots[0] / f, roots[1] / f, shallow=False)]
     assert not different, f"files differ between the two builds: {different}"
 

@@ -236,9 +236,11 @@ def _mark_once(root: Path) -> None:
 
 
 def _gate(root: Path) -> None:
-    from models.common.weight_cache import build_cached_state_dict, weight_cache_status
+    from models.common.weight_cache import build_cached_state_dict
+    from models.common.weight_cache.gate import weight_cache_status
+    from models.common.weight_cache.layout import VariantPaths
 
-    result = weight_cache_status(root, **gate_kwargs())
+    result = weight_cache_status(VariantPaths(root), **gate_kwargs())
     host_ok = None
     if result.warm:
         sd = build_cached_state_dict(root)

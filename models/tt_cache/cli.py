@@ -144,7 +144,6 @@ def cmd_build(args: argparse.Namespace) -> int:
                               components=tuple(args.components) if args.components else None)
     if problem := combination_problem(combination):  # before torch and ttnn are imported
         raise CliError(f"{args.model}: {problem}")
-    _check_environment()
     from models.seeding.runner import SeedInputError, build_one
 
     try:
@@ -157,7 +156,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _check_environment() -> None:
-    """A bad value of a typed variable (``TT_CONVERT_WORKERS=abc``) is bad input, refused before any build."""
+    """A bad value of any variable in the table (``TT_CONVERT_WORKERS=abc``) is bad input, refused
+    before a command does any work (``tt-cache env`` shows it instead, with why)."""
     try:
         envs.check()
     except envs.BadValue as error:
@@ -218,7 +218,6 @@ def _run_seed(args: argparse.Namespace, report: Any) -> None:
         plan = load_plan(Path(args.plan))
     except PlanError as error:
         raise CliError(str(error)) from None
-    _check_environment()
     from models.seeding.runner import SeedInputError, SeedOptions, run_plan
 
     if args.workers < 1:
@@ -415,10 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = words[0] if words else ""
             return _fail(argparse.Namespace(command=command, json="--json" in argv), error.exit_code, str(error))
         set_output(verbose=args.verbose)  # before ttnn, loguru or transformers is first imported
-        if args.command in ("build", "seed"):
-            ensure_host_cluster()
-            _native_logs_to_stderr()
         try:
+            if args.command != "env":  # which shows a bad value, with why
+                _check_environment()
+            if args.command in ("build", "seed"):
+                ensure_host_cluster()
+                _native_logs_to_stderr()
             code = args.run(args)
             sys.stdout.flush()
             return code

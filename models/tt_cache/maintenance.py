@@ -238,7 +238,8 @@ def _prefill_gc(root: Path, args: argparse.Namespace, older_than: float | None) 
     """gc of the prefill cache beside the weight caches: debris, objects unused ``--older-than``,
     then LRU beyond ``--prefill-max-size`` (default: its ``TT_PREFILL_CACHE_MAX_SIZE`` cap)."""
     from models.common.prefill_cache.layout import FrozenBackboneCacheError
-    from models.common.prefill_cache.maintenance import gc, max_bytes_from_env, parse_size
+    from models.common.prefill_cache.maintenance import gc, max_bytes_from_env
+    from models.common.units import parse_size
 
     directory = _prefill_dir(root)
     if directory is None:

@@ -136,7 +136,7 @@ def scan_variant(cache_dir: Path, marker_file: Path, marker: WeightCacheMarker |
     if paths.marker != marker_file:
         reason = f"{marker_file} is invalid: its build_variant {marker.build_variant!r} belongs to another marker"
         return VariantInfo(cache_dir, marker_file, marker, False, reason, size, None, stamp)
-    status = marker_status(cache_dir, marker)
+    status = marker_status(paths, marker)
     return VariantInfo(cache_dir, marker_file, marker, status.warm, "complete" if status.warm else status.reason,
                        size, last_used(paths), stamp, trusted=True)
 

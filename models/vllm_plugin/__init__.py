@@ -26,7 +26,8 @@ def vllm_available() -> bool:
 
 def register() -> str | None:
     """The platform class for vLLM, or None when this machine is not the host platform's to serve."""
-    if not vllm_available() or envs.TT_VLLM_HOST_PLATFORM == "0":
+    envs.check_or_exit()  # a bad variable stops vLLM's start in one line, before any work
+    if not vllm_available() or not envs.TT_VLLM_HOST_PLATFORM:
         return None
     from models.common.device_env import tenstorrent_card_present
 

@@ -94,7 +94,7 @@ class SignalForwarder:
 
 def install_signal_forwarding() -> SignalForwarder | None:
     """Install in vLLM's engine-core process, from its main thread; None where there is nothing to fix."""
-    if envs.TT_VLLM_FORWARD_SIGNALS == "0" or threading.current_thread() is not threading.main_thread():
+    if not envs.TT_VLLM_FORWARD_SIGNALS or threading.current_thread() is not threading.main_thread():
         return None
     handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
     if not all(callable(h) and getattr(h, "__module__", "") == ENGINE_CORE_MODULE for h in handlers.values()):
@@ -177,7 +177,7 @@ def freeze_heap_at_exit() -> bool:
     either order with vLLM's own (which shuts the engines down); freezing only makes the cycle
     scans that follow skip the heap."""
     global _freeze_registered
-    if _freeze_registered or envs.TT_VLLM_FREEZE_AT_EXIT == "0":
+    if _freeze_registered or not envs.TT_VLLM_FREEZE_AT_EXIT:
         return _freeze_registered
     atexit.register(freeze_heap)
     _freeze_registered = True

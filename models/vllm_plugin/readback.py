@@ -24,7 +24,6 @@ and real weights on several meshes, against ``ttnn.to_torch``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -33,6 +32,8 @@ from functools import cached_property, lru_cache
 
 import torch
 import ttnn
+
+from models.common.cpus import usable_cpus
 
 TILE = 32
 FACE = 16
@@ -74,8 +75,8 @@ BLOCK_FLOATS = {ttnn.DataType.BFLOAT8_B: BlockFloat(8), ttnn.DataType.BFLOAT4_B:
 
 
 def read_threads() -> int:
-    """One read-back thread per core this process may run on."""
-    return len(os.sched_getaffinity(0))
+    """One read-back thread per CPU this process may use (its affinity mask and its cgroup's quota)."""
+    return usable_cpus()
 
 
 def device_tensors(tensor: ttnn.Tensor) -> list[ttnn.Tensor]:

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +26,10 @@ from loguru import logger
 
 from models.common import envs
 from models.common.checkpoint import resolve_checkpoint_dir
-from models.common.mesh import MESH_ALIASES, MeshError, MeshShape, parse_mesh_shape
+from models.common.mesh import MeshShape
 from models.common.precision import POLICY_NAMES
 
 CHECKPOINT_ENVS = ("MODEL_WEIGHTS_DIR", "HF_MODEL")
-MESH_ENV = "MESH_DEVICE"
 
 
 class ResolveError(ValueError):
@@ -55,7 +53,7 @@ def checkpoint_reference(hf_config: Any, explicit: str | None = None) -> Checkpo
         if requested and explicit != requested:
             logger.info(f"serving checkpoint {explicit} (additional_config['checkpoint']) for vLLM's model {requested}")
         return CheckpointChoice(str(explicit))
-    overrides = [(name, os.environ[name]) for name in CHECKPOINT_ENVS if os.environ.get(name)]
+    overrides = [(name, getattr(envs, name)) for name in CHECKPOINT_ENVS if getattr(envs, name)]
     if requested is None:
         if not overrides:
             raise ResolveError(f"no checkpoint named: set one of {', '.join(CHECKPOINT_ENVS)} or pass a model path")
@@ -89,13 +87,10 @@ def mesh_shape_for(mesh_device: Any = None) -> MeshShape:
     if mesh_device is not None:
         rows, cols = tuple(mesh_device.shape)
         return int(rows), int(cols)
-    value = envs.MESH_DEVICE.strip()
-    if not value:
-        return (1, 1)
     try:
-        return parse_mesh_shape(value)
-    except MeshError as error:
-        raise ResolveError(f"{MESH_ENV}={value!r}: {error} (or one of tt-metal's {', '.join(MESH_ALIASES)})") from None
+        return envs.MESH_DEVICE or (1, 1)
+    except envs.BadValue as error:
+        raise ResolveError(str(error)) from None
 
 
 def precision_for(optimizations: str | None, precision: str | None = None) -> str:

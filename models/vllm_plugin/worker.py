@@ -30,7 +30,7 @@ class TTHostWorker(WorkerBase):
         self.signal_forwarder = install_signal_forwarding()
         # One thread unless told otherwise: on a shared host, torch's OpenMP threads spin against
         # each other and small decode steps get many times slower.
-        torch.set_num_threads(max(1, int(envs.TT_HOST_THREADS)))
+        torch.set_num_threads(envs.TT_HOST_THREADS)
         if self.model_config.seed is not None:
             torch.manual_seed(self.model_config.seed)
         self.model_runner = TTHostModelRunner(self.vllm_config)

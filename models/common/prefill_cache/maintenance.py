@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
+from models.common import envs
 from models.common.fileio import file_lock, fsync_dir, is_temp_path, lock_held_elsewhere
 from models.common.prefill_cache.layout import (
     FROZEN_BACKBONE_AUTHORITY_SCHEMA_V1,
@@ -47,22 +48,15 @@ from models.common.prefill_cache.layout import (
     specs_of_authority,
 )
 from models.common.prefill_cache.usage import last_used
-from models.common.units import parse_size
 
 DAY_S = 86_400.0
 MAX_SIZE_ENV: Final = "TT_PREFILL_CACHE_MAX_SIZE"
 
 
-def max_bytes_from_env(environ: dict[str, str] | None = None) -> int | None:
-    """The size cap named by :data:`MAX_SIZE_ENV`, None when unset or empty; ValueError when
-    it is not a size."""
-    text = (os.environ if environ is None else environ).get(MAX_SIZE_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise ValueError(f"{MAX_SIZE_ENV}: {error}") from None
+def max_bytes_from_env() -> int | None:
+    """The size cap named by :data:`MAX_SIZE_ENV`, None when unset or empty; a ``ValueError``
+    naming it when it is not a size (the table's :class:`~models.common.envs.Size`)."""
+    return envs.TT_PREFILL_CACHE_MAX_SIZE
 
 
 @dataclass

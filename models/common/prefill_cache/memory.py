@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,16 +27,15 @@ from typing import Final
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from models.common import envs
 from models.common.prefill_cache.identity import tensor_bytes
 from models.common.prefill_cache.layout import FrozenBackboneCacheError, canonical_json, is_int
 
 BASE_FORWARD_CACHE_SCHEMA: Final = "nnf.resynthesis.base_forward_cache.v1"
 BASE_FORWARD_CACHE_ENV: Final = "NNF_RESYNTHESIS_BASE_FORWARD_CACHE"
 BASE_FORWARD_CACHE_ENTRIES_ENV: Final = "NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES"
-BASE_FORWARD_CACHE_DEFAULT_ENTRIES: Final = 512
+BASE_FORWARD_CACHE_DEFAULT_ENTRIES: Final = envs.BASE_FORWARD_CACHE_ENTRIES.default
 _KEY_DOMAIN: Final = b"nnf.resynthesis.base_forward_cache_key.v3\x00"
-_FALSE_WORDS: Final = frozenset({"0", "false", "no", "off"})
-_TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,35 +133,20 @@ def read_only_view(tensor: torch.Tensor) -> ReadOnlyTensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def _env_word(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip().lower()
-
-
 def base_forward_cache_enabled_boundary() -> bool:
     """Whether the in-memory frozen-parent prefill cache is on (``NNF_RESYNTHESIS_BASE_FORWARD_CACHE``)."""
-    word = _env_word(BASE_FORWARD_CACHE_ENV, "1")
-    if word in _TRUE_WORDS:
-        return True
-    if word in _FALSE_WORDS:
-        return False
-    raise FrozenBackboneCacheError(
-        f"{BASE_FORWARD_CACHE_ENV}={os.environ[BASE_FORWARD_CACHE_ENV]!r} is not one of "
-        f"{sorted(_TRUE_WORDS | _FALSE_WORDS)}"
-    )
+    try:
+        return envs.NNF_RESYNTHESIS_BASE_FORWARD_CACHE
+    except envs.BadValue as error:
+        raise FrozenBackboneCacheError(str(error)) from None
 
 
 def base_forward_cache_capacity_boundary() -> int:
     """LRU capacity in entries (``NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES``, default 512)."""
-    raw = os.environ.get(BASE_FORWARD_CACHE_ENTRIES_ENV, str(BASE_FORWARD_CACHE_DEFAULT_ENTRIES))
     try:
-        capacity = int(raw.strip())
-    except ValueError:
-        capacity = 0
-    if capacity < 1:
-        raise FrozenBackboneCacheError(
-            f"{BASE_FORWARD_CACHE_ENTRIES_ENV}={raw!r} must be a positive integer"
-        )
-    return capacity
+        return envs.NNF_RESYNTHESIS_BASE_FORWARD_CACHE_ENTRIES
+    except envs.BadValue as error:
+        raise FrozenBackboneCacheError(str(error)) from None
 
 
 def base_forward_cache_allowed_boundary(

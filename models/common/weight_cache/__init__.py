@@ -21,10 +21,13 @@ look at caches start in milliseconds):
 ``tensor_cache``  ``ttnn.as_tensor`` through the cache: mesh shards, atomic writes, checked loads (ttnn)
 ``warm_read``     the one warm read: gate, lease, every file checked against the gate, usage (ttnn)
 
-The seed design's public names live on here (``weight_cache_is_complete``,
-``mark_weight_cache_complete``, ``marker_path``, ``normalize_mesh_shape``, ``CachedStateDict``,
-``build_cached_state_dict``, ``HOST_WEIGHTS_SIDECAR``, ``WEIGHT_CACHE_MARKER``, ...), resolved
-lazily so that importing a torch-free module never imports torch through this package. Those
+The package's face is small: the seed design's public names, with the seed's signatures
+(``weight_cache_is_complete``, ``mark_weight_cache_complete``, ``build_cached_state_dict``,
+``load_host_sidecar``, ``marker_path``, ``list_cache_files``, ``normalize_mesh_shape``,
+``checkpoint_name``, ``CachedStateDict`` and the four constants), and the project's most used
+names (a variant's paths, its marker, the gate, deep verify, the build and the warm read). Every
+other name is imported from the module that defines it, so each name has one import path. Names
+resolve lazily, so importing a torch-free module never imports torch through this package. The
 seed functions keep the seed's parameter name ``cache_path``: it is what everything else here
 calls ``cache_dir``, one variant's directory.
 """
@@ -35,45 +38,58 @@ from typing import TYPE_CHECKING
 
 from models.common.lazy_exports import lazy_exports
 
-_EXPORTS = {
-    "layout": (
-        "WEIGHT_CACHE_MARKER", "HOST_WEIGHTS_SIDECAR", "TENSORBIN_SUFFIX", "VariantPaths", "CacheRoot",
-        "marker_path", "normalize_components", "list_cache_files", "cache_bytes",
-    ),
-    "variant": ("VariantIdentity", "normalize_mesh_shape", "canonical_variant", "variant_tag"),
-    "stamps": ("FileStamp", "StampIndex"),
-    "marker": (
-        "WEIGHT_CACHE_FORMAT_VERSION", "WeightCacheError", "MarkerFormatError", "WeightCacheMarker", "FileRecord",
-        "read_marker", "parse_marker", "marker_json", "weights_identity", "cached_model_config",
-    ),
-    "gate": ("DEFAULT_FORCE_ENV", "CacheStatus", "weight_cache_status", "verify_weight_cache"),
-    "build": ("BuildTransaction",),
-    "compat": (
-        "weight_cache_is_complete", "mark_weight_cache_complete", "invalidate_weight_cache", "load_host_sidecar",
-        "build_cached_state_dict",
-    ),
-    "warm_read": ("WarmRead",),
-    "usage": ("touch_last_used", "last_used"),
-    "host_sidecar": ("write_host_sidecar",),
+SEED_NAMES = {  # the seed design's public names, with its signatures (see compat)
+    "layout": ("WEIGHT_CACHE_MARKER", "HOST_WEIGHTS_SIDECAR", "marker_path", "list_cache_files"),
+    "variant": ("normalize_mesh_shape",),
+    "marker": ("WEIGHT_CACHE_FORMAT_VERSION",),
+    "gate": ("DEFAULT_FORCE_ENV",),
+    "compat": ("weight_cache_is_complete", "mark_weight_cache_complete", "load_host_sidecar", "build_cached_state_dict"),
+    "placeholders": ("CachedStateDict",),
     "models.common.checkpoint": ("checkpoint_name",),  # the seed kept it here; it is the checkpoint module's
-    "placeholders": (
-        "CachedStateDict", "MissingWeightError", "placeholder", "is_placeholder_tensor",
-        "concat", "stack", "fp32_elementwise",
-    ),
 }
+PROJECT_NAMES = {  # the project's most used
+    "layout": ("VariantPaths", "CacheRoot"),
+    "marker": ("WeightCacheError", "WeightCacheMarker", "read_marker"),
+    "gate": ("CacheStatus", "weight_cache_status", "verify_weight_cache"),
+    "compat": ("invalidate_weight_cache",),
+    "build": ("BuildTransaction",),
+    "warm_read": ("WarmRead",),
+}
+_EXPORTS = {module: (*SEED_NAMES.get(module, ()), *PROJECT_NAMES.get(module, ()))
+            for module in (*SEED_NAMES, *PROJECT_NAMES)}
 __getattr__, __dir__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 if TYPE_CHECKING:  # static analysers see the eager imports
     from models.common.checkpoint import checkpoint_name  # noqa: F401
-    from models.common.weight_cache.build import *  # noqa: F403
-    from models.common.weight_cache.compat import *  # noqa: F403
-    from models.common.weight_cache.gate import *  # noqa: F403
-    from models.common.weight_cache.host_sidecar import *  # noqa: F403
-    from models.common.weight_cache.layout import *  # noqa: F403
-    from models.common.weight_cache.marker import *  # noqa: F403
-    from models.common.weight_cache.placeholders import *  # noqa: F403
-    from models.common.weight_cache.stamps import *  # noqa: F403
-    from models.common.weight_cache.usage import *  # noqa: F403
-    from models.common.weight_cache.variant import *  # noqa: F403
-    from models.common.weight_cache.warm_read import *  # noqa: F403
+    from models.common.weight_cache.build import BuildTransaction  # noqa: F401
+    from models.common.weight_cache.compat import (  # noqa: F401
+        build_cached_state_dict,
+        invalidate_weight_cache,
+        load_host_sidecar,
+        mark_weight_cache_complete,
+        weight_cache_is_complete,
+    )
+    from models.common.weight_cache.gate import (  # noqa: F401
+        DEFAULT_FORCE_ENV,
+        CacheStatus,
+        verify_weight_cache,
+        weight_cache_status,
+    )
+    from models.common.weight_cache.layout import (  # noqa: F401
+        HOST_WEIGHTS_SIDECAR,
+        WEIGHT_CACHE_MARKER,
+        CacheRoot,
+        VariantPaths,
+        list_cache_files,
+        marker_path,
+    )
+    from models.common.weight_cache.marker import (  # noqa: F401
+        WEIGHT_CACHE_FORMAT_VERSION,
+        WeightCacheError,
+        WeightCacheMarker,
+        read_marker,
+    )
+    from models.common.weight_cache.placeholders import CachedStateDict  # noqa: F401
+    from models.common.weight_cache.variant import normalize_mesh_shape  # noqa: F401
+    from models.common.weight_cache.warm_read import WarmRead  # noqa: F401

@@ -19,7 +19,10 @@ user's, so it is recorded for the gate only and survives every eviction: a fork 
 to reclaim its ``layer_<n>/`` names its files (``cache_files``). At deletion ``gc`` proves each
 owned file is still the recorded one (:mod:`models.tt_cache.gc`).
 
-Torch is imported only by the functions that return tensors, so the gate's name stays torch-free.
+The seed's ``(cache_path, build_variant)`` pair stops here: each function makes the variant's
+:class:`~models.common.weight_cache.layout.VariantPaths` once and hands it to the internals, which
+take nothing else. Torch is imported only by the functions that return tensors, so the gate's name
+stays torch-free.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from models.common.weight_cache.layout import (
     in_seed_layout,
     nested_cache,
     tensorbins_below,
-    variant_unverifiable,
 )
 from models.common.weight_cache.marker import (
     WeightCacheError,
@@ -50,6 +52,7 @@ from models.common.weight_cache.marker import (
     safe_relative_path,
 )
 from models.common.weight_cache.usage import touch_last_used
+from models.common.weight_cache.variant import variant_unverifiable
 
 if TYPE_CHECKING:
     import torch
@@ -69,8 +72,8 @@ def weight_cache_is_complete(
 ) -> bool:
     """True when a warm build from ``cache_path`` is safe (the seed's name for
     :func:`~models.common.weight_cache.gate.weight_cache_status`, which also says why not)."""
-    status = weight_cache_status(cache_path, model_name=model_name, n_layers=n_layers, mesh_shape=mesh_shape,
-                                 components=components, build_variant=build_variant, force_env=force_env)
+    status = weight_cache_status(VariantPaths(Path(cache_path), build_variant), model_name=model_name,
+                                 n_layers=n_layers, mesh_shape=mesh_shape, components=components, force_env=force_env)
     if not status.warm:
         logger.info(f"Weight cache {cache_path} is cold: {status.reason}")
     return status.warm
@@ -172,7 +175,7 @@ def load_host_sidecar(
 
     paths = VariantPaths(Path(cache_path), build_variant)
     try:
-        record = read_marker(paths.cache_dir, build_variant).host_sidecar
+        record = read_marker(paths).host_sidecar
     except WeightCacheError:
         record = None
     path = paths.file(record.path) if record is not None else paths.file(paths.host_sidecar_name)
@@ -202,7 +205,7 @@ def build_cached_state_dict(
     :func:`~models.common.weight_cache.placeholders.cached_state_dict`."""
     from models.common.weight_cache.placeholders import cached_state_dict
 
-    marker = read_marker(cache_path, build_variant)
+    marker = read_marker(VariantPaths(Path(cache_path), build_variant))
     if host is None and marker.host_weights:
         host = load_host_sidecar(cache_path, consume=True, build_variant=build_variant)
         if host is None:

@@ -2,7 +2,9 @@
 """The completeness gate: whether a warm build of exactly this model is safe, and if not, why.
 
 No torch, no ttnn: tools that only look at caches (``tt-cache ls/check/verify``, CI validate jobs)
-start in milliseconds.
+start in milliseconds. Every function here takes one variant's :class:`~models.common.weight_cache.layout.VariantPaths`,
+made once by the caller (only the seed API, :mod:`~models.common.weight_cache.compat`, takes the
+seed's ``(cache_dir, build_variant)`` pair).
 
 **Stat-fast, hash-sure.** The marker must be valid and record this model (by content id, and by
 model id for a cache-only load), layer count, at least these components, and this variant's
@@ -20,7 +22,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
@@ -129,13 +130,12 @@ def check_files(paths: VariantPaths, marker: WeightCacheMarker) -> tuple[str | N
 
 
 def weight_cache_status(
-    cache_dir: str | os.PathLike,
+    paths: VariantPaths,
     *,
     model_name: str,
     n_layers: int,
     mesh_shape: Any,
     components: str | Iterable[str] | None = None,
-    build_variant: Mapping[str, Any] | None = None,
     force_env: str | None = DEFAULT_FORCE_ENV,
     content_id: str | None = None,
     model_id: str | None = None,
@@ -149,12 +149,12 @@ def weight_cache_status(
     model id, org included, or one this build was loaded warm as
     (:func:`~models.common.weight_cache.usage.model_ids`)."""
     if is_forced(None, force_env):
-        return _cold(f"cold build forced by {force_env}={os.environ.get(force_env, '').strip()}")
+        return _cold(f"cold build forced by {force_env}={envs.raw(force_env)}")
+    build_variant = paths.build_variant
     if variant_unverifiable(build_variant):
         return _cold(f"build variant could not be computed ({build_variant.get('error', 'unknown error')})")
-    paths = VariantPaths(Path(cache_dir), build_variant)
     try:
-        marker = read_marker(paths.cache_dir, build_variant)
+        marker = read_marker(paths)
     except WeightCacheError as error:
         return _cold(str(error))
     checks = (
@@ -183,11 +183,11 @@ def weight_cache_status(
     return CacheStatus(True, "complete", marker, restamped)
 
 
-def marker_status(cache_dir: str | os.PathLike, marker: WeightCacheMarker) -> CacheStatus:
-    """The gate for the build a marker records (what ``tt-cache check`` asks of each variant)."""
-    return weight_cache_status(cache_dir, model_name=marker.model_name, n_layers=marker.n_layers,
-                               mesh_shape=marker.mesh_shape, components=marker.components,
-                               build_variant=marker.build_variant, force_env=None)
+def marker_status(paths: VariantPaths, marker: WeightCacheMarker) -> CacheStatus:
+    """The gate for the build a marker records (what ``tt-cache check`` asks of each variant;
+    ``paths`` are that variant's)."""
+    return weight_cache_status(paths, model_name=marker.model_name, n_layers=marker.n_layers,
+                               mesh_shape=marker.mesh_shape, components=marker.components, force_env=None)
 
 
 def is_forced(force: bool | None, force_env: str | None = DEFAULT_FORCE_ENV) -> bool:
@@ -204,15 +204,14 @@ def file_problem(cache_dir: str | os.PathLike, record: FileRecord) -> str | None
     return _stat(root, record, None)[1] or _rehash(root, record)[0]
 
 
-def verify_weight_cache(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None, *,
-                        threads: int = HASH_THREADS) -> list[str]:
+def verify_weight_cache(paths: VariantPaths, *, threads: int = HASH_THREADS) -> list[str]:
     """Deep check: re-hash every recorded file, ``threads`` files at once (hashing releases the
     GIL). One line per file that differs (empty: intact)."""
     try:
-        marker = read_marker(cache_dir, build_variant)
+        marker = read_marker(paths)
     except WeightCacheError as error:
         return [str(error)]
     records = marker.all_files()
-    problems = map_largest_first(lambda record: file_problem(cache_dir, record), records,
+    problems = map_largest_first(lambda record: file_problem(paths.cache_dir, record), records,
                                  [record.bytes for record in records], threads)
     return [problem for problem in problems if problem]

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from models.common.fileio import CONTENT_DIGEST_ALGORITHM, open_regular
-from models.common.weight_cache.layout import is_marker_name, marker_path, normalize_components
+from models.common.weight_cache.layout import VariantPaths, is_marker_name, normalize_components
 from models.common.weight_cache.side_files import SideFileError, depth_within, parse_json, read_json_document
 from models.common.weight_cache.stamps import FileStamp
 from models.common.weight_cache.variant import VariantIdentity
@@ -423,11 +423,11 @@ def marker_json(marker: WeightCacheMarker) -> bytes:
 _MARKER_MEMO: dict[tuple[str, int, int, int, int], WeightCacheMarker] = {}
 
 
-def read_marker(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> WeightCacheMarker:
+def read_marker(paths: VariantPaths) -> WeightCacheMarker:
     """The validated marker of one variant (memoized on path, inode, mtime, ctime and size).
 
     Raises :class:`WeightCacheError` when it is absent, unreadable or invalid."""
-    return read_marker_file(marker_path(cache_dir, build_variant))
+    return read_marker_file(paths.marker)
 
 
 def read_marker_file(path: Path) -> WeightCacheMarker:
@@ -501,9 +501,9 @@ def build_relative(path: str, generation: str | None) -> str:
     return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
-def cached_model_config(cache_dir: str | os.PathLike, build_variant: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def cached_model_config(paths: VariantPaths) -> dict[str, Any]:
     """The checkpoint ``config.json`` kept with the marker (for warm starts without a checkpoint)."""
-    config = read_marker(cache_dir, build_variant).model_config
+    config = read_marker(paths).model_config
     if config is None:
-        raise WeightCacheError(f"marker in {cache_dir} keeps no model config")
+        raise WeightCacheError(f"marker in {paths.cache_dir} keeps no model config")
     return config

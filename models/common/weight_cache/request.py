@@ -98,45 +98,50 @@ class CacheRequest:
         return Path(variant_subdir(self.precision, self.mesh_shape, self.num_layers))
 
     @cached_property
-    def cache_dir(self) -> Path:
-        """Named by the user; else the dir holding this content (under any readable name), else a
-        new one under this checkpoint's name; else (cache-only) the one cache of this model id."""
+    def paths(self) -> VariantPaths:
+        """This build's variant in the dir it uses: named by the user; else the dir holding this
+        content (under any readable name), else a new one under this checkpoint's name; else
+        (cache-only) the one cache of this model id. Made once per request: the gate, the warm read
+        and the use record of one load all take this object."""
         if self.named_cache_dir is not None:
-            return self.named_cache_dir
+            return VariantPaths(self.named_cache_dir, self.build_variant)
         if self.content_id is None:
-            return self._cache_only_dir()
-        return self.content_dir(self.content_id)
+            return self._cache_only_paths()
+        return self.content_paths(self.content_id)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.paths.cache_dir
 
     def content_dir(self, content_id: str) -> Path:
-        """This variant's dir for the checkpoint content ``content_id``: the one holding it (under
-        any readable name), else a new one under this checkpoint's name (where a pull puts it too)."""
+        return self.content_paths(content_id).cache_dir
+
+    def content_paths(self, content_id: str) -> VariantPaths:
+        """This variant for the checkpoint content ``content_id``: in the dir holding it (under any
+        readable name), else in a new one under this checkpoint's name (where a pull puts it too)."""
         root = CacheRoot(self.cache_root)
-        own = root.model_dir(self.model_name, content_id) / self.variant_subdir
-        if VariantPaths(own, self.build_variant).marker.exists():
+        own = VariantPaths(root.model_dir(self.model_name, content_id) / self.variant_subdir, self.build_variant)
+        if own.marker.exists():
             return own
         for model_dir in root.model_dirs_of(content_id):
-            candidate = model_dir / self.variant_subdir
+            candidate = VariantPaths(model_dir / self.variant_subdir, self.build_variant)
             if self._recorded(candidate, "content_id") == content_id:
                 return candidate
         return own
 
     def find_again(self) -> None:
         """Forget the cache dir found, so the next use looks again (a pull may have added one)."""
-        self.__dict__.pop("cache_dir", None)
+        self.__dict__.pop("paths", None)
 
-    @property
-    def paths(self) -> VariantPaths:
-        return VariantPaths(self.cache_dir, self.build_variant)
-
-    def _recorded(self, directory: Path, attribute: str) -> Any:
+    def _recorded(self, paths: VariantPaths, attribute: str) -> Any:
         try:
-            return getattr(read_marker(directory, self.build_variant), attribute)
+            return getattr(read_marker(paths), attribute)
         except WeightCacheError:
             return None
 
     def cache_only_dirs(self) -> list[Path]:
         """The caches under the root that a cache-only load of this model id may use."""
-        return self._cache_only_candidates()[0]
+        return [paths.cache_dir for paths in self._cache_only_candidates()[0]]
 
     def deployed_config(self) -> dict[str, Any] | None:
         """The deploy's own ``config.json`` (None where it has none)."""
@@ -144,19 +149,19 @@ class CacheRequest:
             return None
         return read_config(self.checkpoint_dir)
 
-    def _cache_only_candidates(self) -> tuple[list[Path], list[str]]:
+    def _cache_only_candidates(self) -> tuple[list[VariantPaths], list[str]]:
         """(caches of this model id, the model ids of the other caches of this name)."""
         candidates, same_name = [], []
         for model_dir in CacheRoot(self.cache_root).model_dirs():
-            directory = model_dir / self.variant_subdir
-            recorded = self._recorded(directory, "model_id")
-            if answers_to(VariantPaths(directory, self.build_variant), recorded, self.model_id):
-                candidates.append(directory)
+            paths = VariantPaths(model_dir / self.variant_subdir, self.build_variant)
+            recorded = self._recorded(paths, "model_id")
+            if answers_to(paths, recorded, self.model_id):
+                candidates.append(paths)
             elif recorded is not None and checkpoint_name(recorded) == self.model_name:
                 same_name.append(recorded)
         return candidates, same_name
 
-    def _cache_only_dir(self) -> Path:
+    def _cache_only_paths(self) -> VariantPaths:
         candidates, same_name = self._cache_only_candidates()
         if len(candidates) == 1:
             return candidates[0]
@@ -167,7 +172,7 @@ class CacheRequest:
                 f"{self.model}: no checkpoint weights on this machine and no {where} built from "
                 f"model id {self.model_id!r}{seen}"
             )
-        listed = "\n  ".join(str(d) for d in candidates)
+        listed = "\n  ".join(str(paths.cache_dir) for paths in candidates)
         raise CheckpointError(
             f"{self.model}: no checkpoint weights on this machine and {len(candidates)} {where} were built "
             f"from {self.model_id!r} (different weights); name one with cache_dir=:\n  {listed}"
@@ -180,7 +185,7 @@ class CacheRequest:
         if local and self.has_checkpoint_weights:
             return read_config(self.checkpoint_dir)
         try:
-            recorded = read_marker(self.cache_dir, self.build_variant).model_config
+            recorded = read_marker(self.paths).model_config
         except WeightCacheError as error:
             if local:
                 return read_config(self.checkpoint_dir)  # the gate will say why the cache cannot serve it
@@ -204,12 +209,11 @@ class CacheRequest:
     def status(self, n_layers: int, components: Iterable[str]) -> CacheStatus:
         """The gate's verdict on this build's cache, for a build of ``n_layers`` and ``components``."""
         return weight_cache_status(
-            self.cache_dir,
+            self.paths,
             model_name=self.model_name,
             n_layers=n_layers,
             mesh_shape=self.mesh_shape,
             components=components,
-            build_variant=self.build_variant,
             force_env=None,
             content_id=self.content_id,
             model_id=None if self.content_id is not None else self.model_id,

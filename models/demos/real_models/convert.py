@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from gguf import dequantize
 
+from models.common.cpus import usable_cpus
 from models.demos.real_models.gguf_file import GgufError, GgufFile, GgufTensor, read_gguf
 from models.demos.real_models.source import PrepareError
 
@@ -204,7 +205,7 @@ def write_weights(gguf: GgufFile, plan: dict[str, str], processor, out_dir: Path
                            f"this writer writes one file (at most {MAX_WEIGHTS_BYTES:,} bytes)")
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    with open(out_dir / WEIGHTS_NAME, "xb") as out, ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    with open(out_dir / WEIGHTS_NAME, "xb") as out, ThreadPoolExecutor(max_workers=min(4, usable_cpus())) as pool:
         out.write(struct.pack("<Q", len(blob)) + blob)
         for source, name in order:
             tensor = convert_tensor(gguf.tensors[source], processor, pool)

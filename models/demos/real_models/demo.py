@@ -75,7 +75,7 @@ def build_phase(model: KnownModel, snapshot: str, precision: str, mesh: str) -> 
     """One load in this process; returns its numbers (run in a child for a clean peak RSS), or the
     one line saying why there is no cache to start from (``error``: a cache-only deploy)."""
     from models.common.checkpoint import CheckpointError
-    from models.common.weight_cache import cache_bytes
+    from models.common.weight_cache.layout import cache_bytes
     from models.common.weight_cache.remote.after_build import recording
     from models.registry import loader_class
 
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", choices=["prepare", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    envs.check_or_exit()
     set_output(verbose=opts.verbose)  # before ttnn, loguru or transformers is imported
     model = known_model(opts.model)
     if opts.remote:  # the phases are children: they read it from the one environment table
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     elif cold.get("push_error"):
         print(f"push to {envs.TT_CACHE_REMOTE} failed: {cold['push_error']}")
     loader = make_loader(model, snapshot, opts.precision, opts.mesh)
-    problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
+    problems = verify_weight_cache(loader.paths)
     ids, ours, theirs = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps)
 
     print(f"\n{model.name} ({model.repo_id}, {model.family}; {opts.precision}, mesh {opts.mesh}) from {snapshot}")

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from models.common import envs
 from models.common.device_env import ensure_host_cluster
 from models.common.units import format_bytes
 
@@ -217,9 +218,10 @@ def storage_summary(producer: Any, prompts: list, cache: bool) -> tuple[dict[str
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        envs.check()
         max_bytes = _check_sizes(args)
         _prompt_source(args)
-    except BadInput as error:
+    except (BadInput, envs.BadValue) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from models.resynthesis.threads import ThreadShare

@@ -40,7 +40,7 @@ def reference_logits(checkpoints) -> dict[str, torch.Tensor]:
 
 
 def sidecar_keys(loader: Gemma4Loader) -> set[str]:
-    sidecar = read_marker(loader.cache_dir, loader.build_variant).host_sidecar
+    sidecar = read_marker(loader.paths).host_sidecar
     with safe_open(loader.cache_dir / sidecar.path, framework="pt") as reader:
         return set(reader.keys())
 
@@ -182,7 +182,7 @@ def test_sidecar_holds_exactly_the_host_consumed_weights(components, checkpoints
     loader = Gemma4Loader(checkpoint, precision="bfloat16", components=set(components))
     loader.load()
     expected = text_host_keys() | (vision_host_keys() if "vision" in components else set())
-    assert set(read_marker(loader.cache_dir, loader.build_variant).host_weights) == expected
+    assert set(read_marker(loader.paths).host_weights) == expected
     assert sidecar_keys(loader) == expected
     warm = Gemma4Loader(checkpoint, precision="bfloat16", components=set(components)).load()
     assert warm.warm and set(warm.host_weights) == expected
@@ -217,4 +217,4 @@ def test_vision_of_a_text_only_checkpoint(checkpoints, cache_root):
         Gemma4Loader(checkpoints["kv_shared"], precision="bfloat16", components={"text", "vision"}).load()
     loader = Gemma4Loader(checkpoints["kv_shared"], precision="bfloat16")
     loader.load()
-    assert read_marker(loader.cache_dir, loader.build_variant).components == ("text",)
+    assert read_marker(loader.paths).components == ("text",)

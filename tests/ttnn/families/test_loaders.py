@@ -149,7 +149,7 @@ def test_force_env_rebuilds_and_remarks(checkpoints, cache_root, monkeypatch):
 def test_moe_facts_restored_on_warm_build_with_more_than_ten_experts(checkpoints, cache_root):
     Qwen3MoeLoader(checkpoints["qwen3_moe"], precision="bfloat16").load()
     loader = Qwen3MoeLoader(checkpoints["qwen3_moe"], precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     assert marker.is_moe and marker.model_info["num_experts"] == 12
     warm = loader.load()
     assert warm.warm and warm.args.is_mixture_of_experts and warm.args.num_experts == 12
@@ -198,7 +198,7 @@ def test_truncated_tensorbin_makes_gate_cold_and_rebuild_repairs(checkpoints, ca
     status = loader.status()
     assert not status.warm and victim.name in status.reason
     assert not LlamaLoader(checkpoints["llama"], precision="bfloat16").load().warm
-    assert verify_weight_cache(loader.cache_dir, loader.build_variant) == []
+    assert verify_weight_cache(loader.paths) == []
     assert LlamaLoader(checkpoints["llama"], precision="bfloat16").load().warm
 
 
@@ -211,7 +211,7 @@ def test_rewritten_tensorbin_of_the_right_size_is_rehashed_and_cold(checkpoints,
     assert not status.warm and "content differs" in status.reason
     rebuilt = LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
     assert not rebuilt.warm and "content differs" in rebuilt.reason
-    assert verify_weight_cache(loader.cache_dir, loader.build_variant) == []
+    assert verify_weight_cache(loader.paths) == []
 
 
 def test_deep_verify_names_a_same_size_corrupted_file(checkpoints, cache_root):
@@ -221,7 +221,7 @@ def test_deep_verify_names_a_same_size_corrupted_file(checkpoints, cache_root):
     data = bytearray(victim.read_bytes())
     data[-5] ^= 0x40
     victim.write_bytes(bytes(data))
-    problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
+    problems = verify_weight_cache(loader.paths)
     assert len(problems) == 1 and victim.name in problems[0]
 
 

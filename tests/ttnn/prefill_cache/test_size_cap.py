@@ -22,7 +22,6 @@ from models.common.prefill_cache.maintenance import (
     MAX_SIZE_ENV,
     gc,
     list_objects,
-    max_bytes_from_env,
     summarize,
 )
 from models.common.prefill_cache.usage import USES
@@ -129,9 +128,6 @@ def test_summarize_reports_bytes_per_sample_and_the_cap(aged, monkeypatch):
     monkeypatch.setenv(MAX_SIZE_ENV, "2K")
     assert summarize(root).max_bytes == 2048 and summarize(root).over_cap
     assert summarize(root, max_bytes=1 << 30).over_cap is False  # an explicit cap wins
-    monkeypatch.setenv(MAX_SIZE_ENV, "lots")
-    with pytest.raises(ValueError, match=MAX_SIZE_ENV):
-        summarize(root)
 
 
 def test_sizes_parse_like_du():
@@ -140,8 +136,6 @@ def test_sizes_parse_like_du():
     for bad in ("", "-1G", "G", "1Q", "one"):
         with pytest.raises(ValueError):
             parse_size(bad)
-    assert max_bytes_from_env({}) is None and max_bytes_from_env({MAX_SIZE_ENV: " "}) is None
-    assert max_bytes_from_env({MAX_SIZE_ENV: "1M"}) == 1 << 20
 
 
 def _cli(capsys, *argv: str) -> tuple[int, dict]:
@@ -171,11 +165,6 @@ def test_tt_cache_prefill_ls_and_gc_show_and_apply_the_cap(aged, capsys, monkeyp
                  ["prefill", "gc", str(root), "--older-than-days", "-1", "--json"]):
         code, error = _cli(capsys, *argv)
         assert code == 2 and error["schema_version"] == 1 and error["error"] and error["exit_code"] == 2, argv
-    monkeypatch.setenv(MAX_SIZE_ENV, "lots")
-    code, error = _cli(capsys, "prefill", "gc", str(root), "--json")
-    assert code == 2 and MAX_SIZE_ENV in error["error"]
-    code, error = _cli(capsys, "prefill", "ls", str(root), "--json")
-    assert code == 2 and MAX_SIZE_ENV in error["error"]
 
 
 def test_tt_cache_prefill_gc_as_a_process(aged):

@@ -10,7 +10,6 @@ the store and stop, and stay in the default suite."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

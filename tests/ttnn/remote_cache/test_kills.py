@@ -18,7 +18,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from models.common.weight_cache import verify_weight_cache
+from models.common.weight_cache import VariantPaths, verify_weight_cache
 from models.common.weight_cache.marker import iter_markers
 from models.common.weight_cache.remote.pull import local_status, missing_objects, pull_variant, read_manifest, trusted_manifest
 from models.common.weight_cache.remote.push import push_cache_dir
@@ -62,8 +62,8 @@ def _cache_dir_holds_no_lie(cache_dir: Path) -> bool:
     warm = False
     for _, marker, _ in iter_markers(cache_dir):
         assert marker is not None
-        if local_status(cache_dir, marker).warm:
-            assert verify_weight_cache(cache_dir, marker.build_variant) == []
+        if local_status(VariantPaths(cache_dir, marker.build_variant), marker).warm:
+            assert verify_weight_cache(VariantPaths(cache_dir, marker.build_variant)) == []
             warm = True
     return warm
 

@@ -70,7 +70,7 @@ def test_push_then_pull_into_an_empty_root_starts_warm_with_the_same_tensors(bui
     assert document["warm"] and document["objects_fetched"] == variant["objects"]
     cache_dir = Path(document["cache_dir"])
     assert cache_dir == root / built_variant.cache_dir.relative_to(built_variant.cache_root)
-    assert verify_weight_cache(cache_dir, built_variant.marker.build_variant) == []
+    assert verify_weight_cache(VariantPaths(cache_dir, built_variant.marker.build_variant)) == []
 
     loaded = loader_class("llama")(built_variant.checkpoint, precision="bfloat16", cache_root=root,
                                    mesh_shape=(1, 2)).load()
@@ -115,7 +115,7 @@ def test_a_damaged_object_in_the_store_is_refused_and_not_kept(damage, built_var
     expected = "does not hash to its name" if damage == "flipped byte" else "no complete manifest"
     assert expected in str(refused.value)  # truncated: its size is not the manifest's, so the manifest is not trusted
     _no_pulled_debris(cache_dir)
-    assert not local_status(cache_dir, manifest.marker).warm
+    assert not local_status(VariantPaths(cache_dir, manifest.marker.build_variant), manifest.marker).warm
     staged = cache_dir / ".pulled-objects"
     assert not [p for p in staged.glob("*") if p.name.startswith(victim.digest)] if staged.exists() else True
     result = tt_cache("pull", "--from", s3_url, pushed.variant_key, env=_cli_env(seaweed, root))
@@ -190,7 +190,7 @@ def test_the_http_mirror_round_trip(built_variant, tmp_path):
         key, manifest = trusted_manifest(store, pushed.variant_key)
         result = pull_variant(store, manifest, tmp_path / "root", manifest_key=key)
     assert result.warm and result.objects_fetched == pushed.objects
-    assert verify_weight_cache(result.cache_dir, manifest.marker.build_variant) == []
+    assert verify_weight_cache(VariantPaths(result.cache_dir, manifest.marker.build_variant)) == []
 
 
 def test_two_pushers_of_one_variant_at_once_both_publish_complete_manifests(built_variant, s3_url, tmp_path):
@@ -290,7 +290,7 @@ def test_a_pull_reads_each_object_once_the_seal_stamps_what_it_hashed_as_written
     read = _bytes_read() - before
     assert result.warm and result.bytes_fetched == manifest.total_bytes
     assert manifest.total_bytes <= read < 1.5 * manifest.total_bytes, (read, manifest.total_bytes)
-    assert verify_weight_cache(result.cache_dir, manifest.marker.build_variant) == []  # the stamps vouch for it
+    assert verify_weight_cache(VariantPaths(result.cache_dir, manifest.marker.build_variant)) == []  # the stamps vouch for it
 
 
 def test_pull_by_manifest_from_the_store_or_a_file(built_variant, s3_url, tmp_path, capsys, cli_in_process):

@@ -103,10 +103,11 @@ def test_producer_features_equal_transformers_hidden_states(world, family, tmp_p
 
 
 def test_authority_is_built_from_the_real_weight_cache_marker(world, tmp_path):
-    from models.common.weight_cache import read_marker, weights_identity
+    from models.common.weight_cache import VariantPaths, read_marker
+    from models.common.weight_cache.marker import weights_identity
 
     parent = world["parents"]["llama"]
-    marker = read_marker(parent.loaded.cache_dir, parent.loader.build_variant)
+    marker = read_marker(VariantPaths(parent.loaded.cache_dir, parent.loader.build_variant))
     assert parent.identity.weights_sha256 == weights_identity(marker)
     tokens, policy = _prompts(1)[0], PositionPolicy()
     base = authority_for(tokens, parent, policy, "float32")

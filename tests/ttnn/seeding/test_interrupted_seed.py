@@ -6,7 +6,6 @@ as skipped with the reason, in the JUnit XML, the JSON report and the GitHub job
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from models.common.weight_cache import verify_weight_cache
+from models.common.weight_cache import VariantPaths, verify_weight_cache
 from models.registry import loader_class
 from models.testing.llama_shaped import make_in_child, make_llama_shaped
 from models.testing.seed_child import REPO_ROOT, assert_same_cache, child_env, run_seed_child
@@ -63,7 +63,7 @@ def test_ray_seed_of_several_variants_matches_single_process_seeds_and_a_failed_
         ray_dir = Path(job["cache_dir"])
         assert ray_dir.relative_to(tmp_path / "ray") == single.cache_dir.relative_to(tmp_path / "one")
         assert_same_cache(single.cache_dir, ray_dir, single.build_variant)  # markers too: files, digests, manifest
-        assert verify_weight_cache(ray_dir, single.build_variant) == []
+        assert verify_weight_cache(VariantPaths(ray_dir, single.build_variant)) == []
 
 
 def kill_a_worker_mid_task(workers: int, checkpoint: Path, cache_root: Path,
@@ -99,7 +99,7 @@ def assert_warm_and_identical(report: dict, reference: Path, checkpoint: Path) -
     ray_dir = Path(report["jobs"][0]["cache_dir"])
     variant = loader_class("llama")(checkpoint, precision="bfloat8_b").build_variant
     assert_same_cache(reference, ray_dir, variant)
-    assert verify_weight_cache(ray_dir, variant) == []
+    assert verify_weight_cache(VariantPaths(ray_dir, variant)) == []
     generations = [p.name for p in ray_dir.iterdir() if p.is_dir()]
     assert len(generations) == 1, f"old or failed generations left behind: {generations}"
 

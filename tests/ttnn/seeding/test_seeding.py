@@ -15,7 +15,7 @@ import torch
 from models.common.checkpoint import CheckpointError
 from models.common.fileio import content_digest_file
 from models.common.safetensors_file import SafetensorsFile
-from models.common.weight_cache import list_cache_files, read_marker, verify_weight_cache
+from models.common.weight_cache import VariantPaths, list_cache_files, read_marker, verify_weight_cache
 from models.registry import loader_class
 from models.testing.llama_shaped import LAYERS_FOR_GB, make_in_child
 from models.testing.memlimit import cgroup_unavailable
@@ -54,8 +54,8 @@ def test_seed_writes_the_cache_a_cold_load_writes(family, tiny, tmp_path):
     result = seeder.seed(progress)
     assert not result.warm and result.complete and "no completion marker" in result.reason
     assert_same_cache(loaded.cache_dir, result.cache_dir, seeder.build_variant)
-    assert verify_weight_cache(result.cache_dir, seeder.build_variant) == []
-    marker_b = read_marker(result.cache_dir, seeder.build_variant)
+    assert verify_weight_cache(VariantPaths(result.cache_dir, seeder.build_variant)) == []
+    marker_b = read_marker(VariantPaths(result.cache_dir, seeder.build_variant))
     # progress: start with the plan's weight count, one call per tensorbin as written, finish last
     assert progress.calls[0][0] == "start" and progress.calls[-1] == ("finish",)
     done = [c for c in progress.calls if c[0] == "done"]
@@ -154,7 +154,7 @@ def test_streaming_seed_and_cold_load_memory_is_flat_in_model_size_and_fits_a_li
     growth = large["peak"] - small["peak"]
     assert growth <= 128 * MiB, f"peak RSS grew {growth / MiB:.0f} MiB from 0.6 to 1.6 GB of checkpoint"
     variant = loader_class("llama")(llama_shaped[1.6], precision="bfloat16").build_variant
-    assert verify_weight_cache(Path(large["cache_dir"]), variant) == []
+    assert verify_weight_cache(VariantPaths(Path(large["cache_dir"]), variant)) == []
     # a cold load() streams too (kept every converted weight until it did: it peaked near 3.8 GB here and
     # was OOM-killed under this limit), then reads the new generation back
     rc, report, err = run_seed_child("load", llama_shaped[1.6], tmp_path / "load", limit=MEMORY_LIMIT)
@@ -173,7 +173,7 @@ def test_partitioned_conversion_writes_the_files_of_a_single_process_seed(family
     cls = loader_class(family)
     single = cls(tiny[family], cache_root=tmp_path / "one", mesh_shape=(1, 2))
     assert single.seed().complete
-    marker = read_marker(single.cache_dir, single.build_variant)
+    marker = read_marker(single.paths)
     expected = {build_relative(r.path, marker.generation): r.digest for r in marker.files}
     plan = plan_weights(single, single.make_args(single.model_config(), None))
     groups = partition(plan, 5)

@@ -30,8 +30,8 @@ def rewrite_marker(root: Path, body: dict, build_variant=None) -> None:
     atomic_write_bytes(wc.marker_path(root, build_variant), json.dumps(body).encode())
 
 
-def status(cache, **overrides) -> wc.CacheStatus:
-    return wc.weight_cache_status(cache.root, **cache.gate_kwargs(**overrides))
+def status(cache, build_variant=None, **overrides) -> wc.CacheStatus:
+    return wc.weight_cache_status(wc.VariantPaths(cache.root, build_variant), **cache.gate_kwargs(**overrides))
 
 
 def load_torch(path: Path) -> torch.Tensor:

@@ -152,7 +152,7 @@ def _kill_while_writing_blocks(checkpoint: Path, root: Path, delay: float) -> No
     assert loader.seed().complete
     debris = [p for p in root.rglob("*") if ".tensorbin-blocks-" in str(p) or TEMP_MARK in p.name]
     assert not debris, debris
-    assert verify_weight_cache(loader.cache_dir, loader.build_variant) == []
+    assert verify_weight_cache(loader.paths) == []
     generations = [p for p in loader.cache_dir.iterdir() if p.is_dir() and p.name.startswith(GENERATION_PREFIX)]
     assert len(generations) == 1, generations
 

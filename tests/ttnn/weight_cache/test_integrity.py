@@ -20,12 +20,9 @@ import torch
 
 from models.common.checkpoint import CheckpointError
 from models.common.mesh import parse_mesh_shape
-from models.common.weight_cache import (
-    WeightCacheError,
-    build_cached_state_dict,
-    placeholder,
-)
-from models.common.weight_cache.marker import build_relative, marker_path, read_marker
+from models.common.weight_cache import WeightCacheError, build_cached_state_dict, marker_path, read_marker
+from models.common.weight_cache.marker import build_relative
+from models.common.weight_cache.placeholders import placeholder
 from models.common.weight_cache.tensor_cache import TensorCache
 from models.llama import LlamaLoader
 from models.qwen3 import Qwen3Loader
@@ -145,7 +142,7 @@ def test_cache_only_load_of_an_ambiguous_id_lists_the_candidates(twins, cache_ro
 def test_a_swapped_tensorbin_of_the_same_size_is_never_served(twins, references, cache_root):
     loader = LlamaLoader(twins["llama"], precision="bfloat16")
     loader.load()
-    generation = loader.cache_dir / read_marker(loader.cache_dir, loader.build_variant).generation
+    generation = loader.cache_dir / read_marker(loader.paths).generation
     wq = next(generation.glob("layers.0/attention.wqkv*"))
     other = next(generation.glob("layers.1/attention.wqkv*"))
     assert wq.stat().st_size == other.stat().st_size
@@ -192,7 +189,7 @@ def test_tampered_marker_fields_mean_cold_not_a_crash(twins, references, cache_r
 
 
 def _wqkv_file(loader) -> Path:
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     return loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
 
 
@@ -252,7 +249,7 @@ def test_a_load_error_without_a_checkpoint_names_the_file(twins, cache_root, tmp
     loader.load()
     for weights in local.glob("*.safetensors"):
         weights.unlink()
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / marker.files[0].path
     victim.write_bytes(b"\0" * victim.stat().st_size)
     with pytest.raises(CheckpointError, match="cold .*content differs"):
@@ -265,7 +262,7 @@ def test_a_host_sidecar_that_lost_a_weight_is_cold(cache_root, tmp_path):
     checkpoint = make_checkpoint("gemma3", tmp_path / "tiny-gemma3")
     loader = Gemma3Loader(checkpoint, precision="bfloat16")
     loader.load()
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     assert marker.host_weights
     with pytest.raises(WeightCacheError):
         build_cached_state_dict(loader.cache_dir, host={}, build_variant=loader.build_variant)

@@ -58,13 +58,13 @@ def assert_sound(checkpoint: Path, cache_root: Path, reference) -> None:
     """The gate's verdict is trustworthy and the next load gives the reference tensors."""
     loader = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root)
     if loader.status().warm:
-        assert verify_weight_cache(loader.cache_dir, loader.build_variant) == []
+        assert verify_weight_cache(loader.paths) == []
     loaded = tensors_of(loader.load())
     assert loaded.keys() == reference.keys()
     for name, shards in loaded.items():
         assert all(torch.equal(a, b) for a, b in zip(shards, reference[name], strict=True)), name
     again = LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root)
-    assert again.status().warm and verify_weight_cache(again.cache_dir, again.build_variant) == []
+    assert again.status().warm and verify_weight_cache(again.paths) == []
 
 
 def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(checkpoint, reference, tmp_path):
@@ -76,7 +76,7 @@ def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(ch
         seeder.load()
         build = start_build(checkpoint, cache_root, force=True)  # a new generation beside the old one
         assert build.stdout.readline().strip() == "READY"  # imports done: the build starts now
-        named = read_marker(seeder.cache_dir, seeder.build_variant).generation
+        named = read_marker(seeder.paths).generation
         deadline = time.monotonic() + 60  # kill once its generation exists: inside the build on any machine
         while not [p for p in seeder.cache_dir.glob("g*") if p.name != named] and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -84,7 +84,7 @@ def test_sigkilled_cold_rebuilds_never_leave_a_cache_the_gate_accepts_wrongly(ch
         build.send_signal(signal.SIGKILL)
         out, _ = build.communicate()
         assert seeder.status().warm  # readers keep the last complete generation, killed build or not
-        named = read_marker(seeder.cache_dir, seeder.build_variant).generation
+        named = read_marker(seeder.paths).generation
         orphans = [p for p in seeder.cache_dir.glob("g*") if p.name != named]
         if build.returncode == -signal.SIGKILL and "BUILT" not in out and orphans:
             killed_mid_build += 1
@@ -104,7 +104,7 @@ def test_the_next_build_retires_a_killed_builds_generation_and_nothing_else(chec
     LlamaLoader(checkpoint, precision="bfloat8_b", mesh_shape=(1, 2), cache_root=cache_root, force=True).load()
     generations = sorted(p.name for p in seeder.cache_dir.glob("g*"))
     assert killed not in generations
-    assert generations == sorted([read_marker(seeder.cache_dir, seeder.build_variant).generation, look_alike.name])
+    assert generations == sorted([read_marker(seeder.paths).generation, look_alike.name])
 
 
 def test_concurrent_cold_builds_all_succeed_and_agree(checkpoint, reference, tmp_path):

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.common import weight_cache as wc
-from models.common.weight_cache.marker import MAX_MARKER_BYTES
+from models.common.weight_cache.marker import MAX_MARKER_BYTES, MarkerFormatError, parse_marker
 from models.common.fileio import atomic_write_bytes
 from models.testing import weight_cache_seeder as seeder
 
 
 def gate(root: Path) -> wc.CacheStatus:
-    return wc.weight_cache_status(root, **seeder.gate_kwargs())
+    return wc.weight_cache_status(wc.VariantPaths(root), **seeder.gate_kwargs())
 
 
 def publish_marker(root: Path, raw: bytes) -> None:
@@ -52,7 +52,7 @@ def cache_with_marker(valid_marker):
 
 def test_the_valid_marker_parses_and_the_gate_is_warm(cache_with_marker) -> None:
     root, body = cache_with_marker
-    marker = wc.parse_marker(json.dumps(body).encode())
+    marker = parse_marker(json.dumps(body).encode())
     assert marker.model_name == seeder.MODEL_NAME and marker.n_layers == seeder.N_LAYERS
     assert marker.model_config == seeder.MODEL_CONFIG
     assert gate(root).warm
@@ -138,8 +138,8 @@ def test_a_bad_field_is_a_format_error_and_the_gate_says_cold(cache_with_marker,
     root, body = cache_with_marker
     BAD_BODIES[mutation](body)
     raw = json.dumps(body).encode()
-    with pytest.raises(wc.MarkerFormatError):
-        wc.parse_marker(raw)
+    with pytest.raises(MarkerFormatError):
+        parse_marker(raw)
     publish_marker(root, raw)
     result = gate(root)
     assert not result.warm and "invalid" in result.reason
@@ -167,8 +167,8 @@ def test_a_bad_field_is_a_format_error_and_the_gate_says_cold(cache_with_marker,
 )
 def test_garbage_bytes_are_a_format_error_and_the_gate_says_cold(cache_with_marker, raw: bytes) -> None:
     root, _ = cache_with_marker
-    with pytest.raises(wc.MarkerFormatError):
-        wc.parse_marker(raw)
+    with pytest.raises(MarkerFormatError):
+        parse_marker(raw)
     publish_marker(root, raw)
     assert not gate(root).warm
 
@@ -177,8 +177,8 @@ def test_a_truncated_real_marker_is_cold_at_every_length(cache_with_marker) -> N
     root, body = cache_with_marker
     raw = json.dumps(body).encode()
     for cut in range(0, len(raw), max(1, len(raw) // 97)):
-        with pytest.raises(wc.MarkerFormatError):
-            wc.parse_marker(raw[:cut])
+        with pytest.raises(MarkerFormatError):
+            parse_marker(raw[:cut])
 
 
 def test_an_unreadable_marker_is_cold_not_an_error(cache_with_marker) -> None:
@@ -194,8 +194,8 @@ def test_an_unreadable_marker_is_cold_not_an_error(cache_with_marker) -> None:
 
 
 def test_an_oversized_marker_is_rejected_before_parsing() -> None:
-    with pytest.raises(wc.MarkerFormatError, match="more than"):
-        wc.parse_marker(b" " * (MAX_MARKER_BYTES + 1))
+    with pytest.raises(MarkerFormatError, match="more than"):
+        parse_marker(b" " * (MAX_MARKER_BYTES + 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,8 +229,8 @@ def _paths(body: Any, prefix: tuple = ()) -> list[tuple]:
 @given(raw=st.binary(max_size=2048))
 def test_parse_marker_raises_only_format_errors_on_any_bytes(raw: bytes) -> None:
     try:
-        wc.parse_marker(raw)
-    except wc.MarkerFormatError:
+        parse_marker(raw)
+    except MarkerFormatError:
         pass
 
 
@@ -253,8 +253,8 @@ def test_parse_marker_and_gate_on_a_structurally_mutated_valid_marker(cache_with
             parent[path[-1]] = data.draw(json_values, label="value")
     raw = json.dumps(body).encode()
     try:
-        wc.parse_marker(raw)
-    except wc.MarkerFormatError:
+        parse_marker(raw)
+    except MarkerFormatError:
         pass
     publish_marker(root, raw)
     result = gate(root)  # must not raise, whatever the marker says
@@ -282,8 +282,8 @@ def test_parse_marker_and_gate_on_byte_mutated_valid_marker(cache_with_marker, d
         if not raw:
             break
     try:
-        wc.parse_marker(bytes(raw))
-    except wc.MarkerFormatError:
+        parse_marker(bytes(raw))
+    except MarkerFormatError:
         pass
     publish_marker(root, bytes(raw))
     assert isinstance(gate(root), wc.CacheStatus)
@@ -295,8 +295,8 @@ def test_a_recorded_path_is_accepted_only_if_relative_and_inside(cache_with_mark
     root, body = cache_with_marker
     body["files"][0]["path"] = path
     try:
-        marker = wc.parse_marker(json.dumps(body).encode())
-    except wc.MarkerFormatError:
+        marker = parse_marker(json.dumps(body).encode())
+    except MarkerFormatError:
         return
     accepted = marker.files[0].path
     resolved = os.path.normpath(os.path.join("/cache", accepted))

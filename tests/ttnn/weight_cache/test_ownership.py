@@ -115,7 +115,7 @@ def test_failed_builds_leave_nothing_and_killed_ones_are_cleaned_up(checkpoints,
         assert sorted(b["generation"] for b in listed) == unnamed
     assert killed_mid_build >= 1, "no kill landed inside a build"
     assert loader.load().cached
-    assert generations(loader.cache_dir) == [read_marker(loader.cache_dir, loader.build_variant).generation]
+    assert generations(loader.cache_dir) == [read_marker(loader.paths).generation]
 
 
 def test_a_leased_generation_is_removed_once_its_reader_is_gone(checkpoints, cache_root):
@@ -123,7 +123,7 @@ def test_a_leased_generation_is_removed_once_its_reader_is_gone(checkpoints, cac
     variant: gc reports the held bytes as deferred, not freed; one more load leaves one generation."""
     loader = LlamaLoader(checkpoints["llama"], precision="bfloat16")
     loader.load()
-    first = read_marker(loader.cache_dir, loader.build_variant).generation
+    first = read_marker(loader.paths).generation
     with Child("lease", str(loader.cache_dir / first)):
         assert LlamaLoader(checkpoints["llama"], precision="bfloat16", force=True).seed().complete
         assert first in generations(loader.cache_dir)  # held: not retired yet
@@ -135,18 +135,18 @@ def test_a_leased_generation_is_removed_once_its_reader_is_gone(checkpoints, cac
         assert generations(loader.cache_dir) == [first]
     again = LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
     assert not again.warm and again.cached
-    assert generations(loader.cache_dir) == [read_marker(loader.cache_dir, loader.build_variant).generation]
+    assert generations(loader.cache_dir) == [read_marker(loader.paths).generation]
 
 
 def test_a_warm_start_retires_a_generation_its_reader_held_through_a_rebuild(checkpoints, cache_root):
     loader = LlamaLoader(checkpoints["llama"], precision="bfloat16")
     loader.load()
-    first = read_marker(loader.cache_dir, loader.build_variant).generation
+    first = read_marker(loader.paths).generation
     with Child("lease", str(loader.cache_dir / first)):
         LlamaLoader(checkpoints["llama"], precision="bfloat16", force=True).load()
         assert len(generations(loader.cache_dir)) == 2
     assert LlamaLoader(checkpoints["llama"], precision="bfloat16").load().warm
-    assert generations(loader.cache_dir) == [read_marker(loader.cache_dir, loader.build_variant).generation]
+    assert generations(loader.cache_dir) == [read_marker(loader.paths).generation]
 
 
 def test_a_reader_opens_nothing_of_a_generation_whose_retirement_holds_its_lease(checkpoints, cache_root):
@@ -154,7 +154,7 @@ def test_a_reader_opens_nothing_of_a_generation_whose_retirement_holds_its_lease
     away: a reader that read the marker naming it must open none of its files."""
     loader = LlamaLoader(checkpoints["llama"], precision="bfloat16")
     reference = tensors_of(loader.load())
-    generation = read_marker(loader.cache_dir, loader.build_variant).generation
+    generation = read_marker(loader.paths).generation
     with Child("retiring", str(loader.cache_dir / generation)), FileOpens(loader.cache_dir / generation) as watch:
         loaded = LlamaLoader(checkpoints["llama"], precision="bfloat16").load()
         opened = watch.opened()

@@ -60,7 +60,7 @@ def leftovers(cache_dir: Path, keep: set[str]) -> list[str]:
 
 
 def current_generation(loader: LlamaLoader) -> str:
-    return read_marker(loader.cache_dir, loader.build_variant).generation
+    return read_marker(loader.paths).generation
 
 
 def kill_while_churning(paths: VariantPaths, rng: random.Random) -> None:

@@ -18,6 +18,7 @@ import torch
 import ttnn
 
 from models.common.prefetch import DEFAULT_THREADS, HEAD_BYTES, Prefetcher, prefetch_threads, read_head
+from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.marker import read_marker
 from models.common.weight_cache.tensor_cache import tensorbin_name
 from models.registry import loader_class
@@ -82,7 +83,7 @@ def seeded(tmp_path_factory) -> tuple[type, Path, Path]:
 
 def cache_files(cls, checkpoint: Path, cache_root: Path) -> list[Path]:
     loader = cls(checkpoint, cache_root=cache_root, prefetch=0)
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     return [loader.cache_dir / record.path for record in marker.all_files()]
 
 
@@ -112,7 +113,7 @@ def test_prefetching_warm_load_reads_the_files_ahead_and_returns_bit_identical_t
     assert loaded.warm and loaded.prefetch is not None
     assert loaded.prefetch.wait(timeout=30) and not loaded.prefetch.errors
     assert all(fully_cached(p) for p in files), "prefetch left parts of files unread"
-    marker = read_marker(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant)
+    marker = read_marker(VariantPaths(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant))
     assert loaded.prefetch.bytes_read == sum(record.bytes for record in marker.all_files())
 
     assert list(loaded.weights) == list(expected)
@@ -139,7 +140,7 @@ def test_prefetch_follows_the_loaders_order(seeded):
         loaded = cls(checkpoint, cache_root=cache_root, prefetch=1).load()
     finally:
         loader_module.Prefetcher = original
-    marker = read_marker(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant)
+    marker = read_marker(VariantPaths(loaded.cache_dir, cls(checkpoint, cache_root=cache_root).build_variant))
     root = loaded.cache_dir / marker.generation
     expected = [os.fspath(root / tensorbin_name(n, loaded.formats[n])) for n in loaded.weights]
     expected.append(os.fspath(loaded.cache_dir / marker.host_sidecar.path))

@@ -31,14 +31,14 @@ HELPER = [sys.executable, "-m", "models.testing.weight_cache_seeder"]
 
 
 def gate(root: Path) -> wc.CacheStatus:
-    return wc.weight_cache_status(root, **seeder.gate_kwargs())
+    return wc.weight_cache_status(wc.VariantPaths(root), **seeder.gate_kwargs())
 
 
 def assert_warm_means_complete(root: Path) -> bool:
     """The invariant: warm only when the cache is complete and correct. Returns the gate's answer."""
     result = gate(root)
     if result.warm:
-        assert wc.verify_weight_cache(root) == [], "gate warm but deep verify found damaged files"
+        assert wc.verify_weight_cache(wc.VariantPaths(root)) == [], "gate warm but deep verify found damaged files"
         assert seeder.cache_mismatches(root) == [], "gate warm but a tensorbin does not load or differs"
         sd = wc.build_cached_state_dict(root)
         expected = seeder.make_state_dict()

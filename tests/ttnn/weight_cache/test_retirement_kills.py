@@ -35,7 +35,7 @@ print("ready", flush=True)
 for line in sys.stdin:
     loader = LlamaLoader(sys.argv[1], precision="bfloat16", cache_root=line.strip(), force=True)
     assert loader.seed().complete
-    print(read_marker(loader.cache_dir, loader.build_variant).generation, loader.cache_dir, flush=True)
+    print(read_marker(loader.paths).generation, loader.cache_dir, flush=True)
 """
 
 HOLD_US = 2_000_000  # strace holds the retirer this long at each rmdir: ample time to see the state and kill

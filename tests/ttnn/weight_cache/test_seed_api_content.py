@@ -14,6 +14,7 @@ import torch
 import ttnn
 
 from models.common import weight_cache as wc
+from models.common.weight_cache.placeholders import is_placeholder_tensor, placeholder
 from models.testing import weight_cache_seeder as seeder
 from tests.ttnn.weight_cache.seed_api import (
     as_tensor_prefix,
@@ -35,18 +36,18 @@ def test_non_host_keys_are_storage_free_placeholders_of_the_manifest_shape(seede
         if key in seeder.HOST_KEYS:
             assert not value.is_meta
         else:
-            assert value.is_meta and wc.is_placeholder_tensor(value)
+            assert value.is_meta and is_placeholder_tensor(value)
 
 
 def test_a_placeholder_of_terabytes_allocates_nothing() -> None:
-    huge = wc.placeholder((1 << 20, 1 << 20), torch.bfloat16)  # 2 TiB if it had storage
+    huge = placeholder((1 << 20, 1 << 20), torch.bfloat16)  # 2 TiB if it had storage
     assert huge.is_meta and huge.numel() == 1 << 40
     with pytest.raises((NotImplementedError, RuntimeError)):
         huge.sum().item()
 
 
 def test_placeholders_accept_host_side_reshapes_and_casts() -> None:
-    w = wc.placeholder((64, 128), torch.bfloat16)
+    w = placeholder((64, 128), torch.bfloat16)
     assert w.reshape(8, 8, 128).shape == (8, 8, 128)
     assert w.transpose(0, 1).shape == (128, 64) and w.T.shape == (128, 64)
     assert w.view(2, 32, 128).permute(2, 0, 1).shape == (128, 2, 32)
@@ -169,7 +170,7 @@ def test_gate_is_cold_when_a_recorded_path_is_a_directory(seeded_cache) -> None:
     }
     rewrite_marker(seeded_cache.root, body)
     assert not status(seeded_cache).warm
-    assert any("layers.0" in p for p in wc.verify_weight_cache(seeded_cache.root))
+    assert any("layers.0" in p for p in wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root)))
 
 
 def test_same_size_corruption_is_rehashed_by_the_gate_and_deep_verify_names_the_file(seeded_cache) -> None:
@@ -179,19 +180,19 @@ def test_same_size_corruption_is_rehashed_by_the_gate_and_deep_verify_names_the_
     path.write_bytes(bytes(data))  # same size, but a new mtime/ctime: the gate re-hashes it
     result = status(seeded_cache)
     assert not result.warm and "content differs" in result.reason
-    problems = wc.verify_weight_cache(seeded_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root))
     assert len(problems) == 1 and seeded_cache.files["layers.0.feed_forward.w1.weight"] in problems[0]
 
 
 def test_deep_verify_of_an_intact_cache_is_empty_and_names_missing_files(seeded_cache) -> None:
-    assert wc.verify_weight_cache(seeded_cache.root) == []
+    assert wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root)) == []
     seeded_cache.path("norm.weight").unlink()
-    problems = wc.verify_weight_cache(seeded_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(seeded_cache.root))
     assert len(problems) == 1 and seeded_cache.files["norm.weight"] in problems[0]
 
 
 def test_deep_verify_without_a_marker_says_so(built_cache) -> None:
-    problems = wc.verify_weight_cache(built_cache.root)
+    problems = wc.verify_weight_cache(wc.VariantPaths(built_cache.root))
     assert len(problems) == 1 and "no completion marker" in problems[0]
 
 

@@ -18,6 +18,8 @@ import ttnn
 from safetensors import safe_open
 
 from models.common import weight_cache as wc
+from models.common.weight_cache.marker import cached_model_config
+from models.common.weight_cache.placeholders import placeholder
 from models.testing import weight_cache_seeder as seeder
 from tests.ttnn.weight_cache.seed_api import (
     as_tensor_prefix,
@@ -47,7 +49,7 @@ def test_warm_start_after_the_checkpoint_is_deleted(tmp_path, built_cache, tiny_
     checkpoint.rmdir()
 
     assert wc.weight_cache_is_complete(built_cache.root, **built_cache.gate_kwargs(model_name=name))
-    assert wc.cached_model_config(built_cache.root) == seeder.MODEL_CONFIG
+    assert cached_model_config(wc.VariantPaths(built_cache.root)) == seeder.MODEL_CONFIG
     sd = wc.build_cached_state_dict(built_cache.root)
     assert torch.equal(sd["tok_embeddings.weight"], built_cache.state_dict["tok_embeddings.weight"])
     key = "layers.1.attention.wq.weight"
@@ -61,7 +63,7 @@ def test_warm_start_after_the_checkpoint_is_deleted(tmp_path, built_cache, tiny_
 def test_cached_model_config_without_a_recorded_config_raises(built_cache) -> None:
     assert built_cache.mark(model_config=None)
     with pytest.raises(wc.WeightCacheError, match="no model config"):
-        wc.cached_model_config(built_cache.root)
+        cached_model_config(wc.VariantPaths(built_cache.root))
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ def test_tied_host_weights_sharing_storage_can_be_marked(built_cache) -> None:
 
 
 def test_a_placeholder_host_weight_is_refused(built_cache) -> None:
-    state_dict = dict(built_cache.state_dict, **{"tok_embeddings.weight": wc.placeholder((96, 64), torch.bfloat16)})
+    state_dict = dict(built_cache.state_dict, **{"tok_embeddings.weight": placeholder((96, 64), torch.bfloat16)})
     with pytest.raises(wc.WeightCacheError, match="placeholder"):
         seeder.mark(built_cache.root, state_dict)
     assert not wc.marker_path(built_cache.root).exists()

@@ -109,4 +109,4 @@ def test_a_nested_cache_in_a_fork_subfolder_is_not_verified_as_the_outer_variant
     assert set(recorded(built_cache.root)) == set(built_cache.files.values())
     next(nested.rglob("*.tensorbin")).unlink()
     assert status(built_cache).warm
-    assert not wc.weight_cache_status(nested, **seeder.gate_kwargs()).warm
+    assert not wc.weight_cache_status(wc.VariantPaths(nested), **seeder.gate_kwargs()).warm

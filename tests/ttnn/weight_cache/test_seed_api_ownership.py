@@ -49,7 +49,7 @@ def evict_outer(root: Path) -> dict:
 def assert_survived(world: dict) -> None:
     for path, data in {**world["user"], **world["nested_files"]}.items():
         assert path.exists() and path.read_bytes() == data, path
-    assert wc.weight_cache_status(world["nested"], **seeder.gate_kwargs()).warm
+    assert wc.weight_cache_status(wc.VariantPaths(world["nested"]), **seeder.gate_kwargs()).warm
     assert seeder.cache_mismatches(world["nested"]) == []
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from models.common import weight_cache as wc
+from models.common.weight_cache.placeholders import placeholder
 from models.testing import weight_cache_seeder as seeder
 from tests.ttnn.weight_cache.seed_api import (
     status,
@@ -100,8 +101,8 @@ def test_build_cached_state_dict_uses_a_given_host_dict(seeded_cache) -> None:
 def _moe_state_dict(n_experts: int) -> dict[str, torch.Tensor]:
     sd = {"tok_embeddings.weight": torch.zeros(96, 64, dtype=torch.bfloat16)}
     for e in range(n_experts):
-        sd[f"layers.0.block_sparse_moe.experts.{e}.w1.weight"] = wc.placeholder((128, 64), torch.bfloat16)
-    sd["layers.0.attention.wqkv.weight"] = wc.placeholder((192, 64), torch.bfloat16)
+        sd[f"layers.0.block_sparse_moe.experts.{e}.w1.weight"] = placeholder((128, 64), torch.bfloat16)
+    sd["layers.0.attention.wqkv.weight"] = placeholder((192, 64), torch.bfloat16)
     return sd
 
 
@@ -124,7 +125,7 @@ def test_args_facts_from_model_info_win_over_key_sniffing(built_cache) -> None:
 
 def test_args_num_experts_is_not_clobbered_when_nothing_says_otherwise(built_cache) -> None:
     sd = {"tok_embeddings.weight": torch.zeros(96, 64, dtype=torch.bfloat16),
-          "layers.0.feed_forward.experts.gate_up_proj": wc.placeholder((8, 64, 256), torch.bfloat16)}
+          "layers.0.feed_forward.experts.gate_up_proj": placeholder((8, 64, 256), torch.bfloat16)}
     assert seeder.mark(built_cache.root, sd, is_moe=True, model_info={})
     args = SimpleNamespace(num_experts=8)
     wc.build_cached_state_dict(built_cache.root, args=args)
@@ -153,7 +154,7 @@ def test_no_temp_file_is_left_after_a_successful_mark(seeded_cache) -> None:
 
 
 def test_placeholder_safe_transforms_give_shapes_on_placeholders_and_values_on_real_tensors():
-    from models.common.weight_cache import concat, fp32_elementwise, placeholder, stack
+    from models.common.weight_cache.placeholders import concat, fp32_elementwise, placeholder, stack
 
     real = [torch.randn(4, 3).to(torch.bfloat16), torch.randn(2, 3).to(torch.bfloat16)]
     fake = [placeholder(t.shape, t.dtype) for t in real]

@@ -59,7 +59,7 @@ def test_stamp_indexes_stay_bounded_over_many_reseeds(checkpoint, cache_root):
     sizes = []
     for _ in range(4):
         assert LlamaLoader(checkpoint, precision="bfloat16", force=True).seed().complete
-        marker = read_marker(loader.cache_dir, loader.build_variant)
+        marker = read_marker(loader.paths)
         time.sleep(0.05)
         for record in marker.all_files():
             os.utime(loader.cache_dir / record.path)  # a new stamp: re-hashed and recorded by the next start

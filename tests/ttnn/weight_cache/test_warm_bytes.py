@@ -57,7 +57,7 @@ def warm_llama(tmp_path, cache_root) -> tuple[Path, dict[str, list[str]], Path]:
     loader = LlamaLoader(checkpoint, precision="bfloat16")
     reference = loader.load()
     assert reference.warm
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
     return checkpoint, weight_digests(reference), victim
 
@@ -104,7 +104,7 @@ def test_a_host_sidecar_changed_in_place_after_a_warm_load_is_never_served(tmp_p
     loader = Gemma3Loader(checkpoint, precision="bfloat16")
     reference = loader.load()
     assert reference.warm and HOST_EMBEDDING in reference.host_weights
-    sidecar = loader.cache_dir / read_marker(loader.cache_dir, loader.build_variant).host_sidecar.path
+    sidecar = loader.cache_dir / read_marker(loader.paths).host_sidecar.path
     expected = weight_digests(reference)
     fd = os.open(sidecar, os.O_RDWR)
     try:

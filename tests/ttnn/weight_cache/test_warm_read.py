@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_a_host_sidecar_replaced_after_the_gate_is_never_served(gemma3, cache_ro
     embedding = reference.host_weights[HOST_EMBEDDING]
     assert embedding.abs().sum() > 0
     loader = Gemma3Loader(checkpoint, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     sidecar = loader.cache_dir / marker.host_sidecar.path
     zeros = tmp_path / "zeros.safetensors"
     zeroed_like(sidecar, zeros)
@@ -93,7 +94,7 @@ def test_a_host_sidecar_replaced_after_the_gate_is_never_served_cache_only(gemma
     for weights in checkpoint.glob("*.safetensors"):
         weights.unlink()  # a cache-only deploy: no cold fallback, so a clear error
     loader = Gemma3Loader(checkpoint, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     sidecar = loader.cache_dir / marker.host_sidecar.path
     zeroed_like(sidecar, tmp_path / "zeros.safetensors")
     after_the_gate(loader, lambda _: os.replace(tmp_path / "zeros.safetensors", sidecar))
@@ -103,7 +104,7 @@ def test_a_host_sidecar_replaced_after_the_gate_is_never_served_cache_only(gemma
 
 def test_the_seed_api_never_serves_a_host_sidecar_replaced_after_the_gate(seeded_cache, tmp_path):
     sidecar = wc.VariantPaths(seeded_cache.root).host_sidecar
-    assert wc.weight_cache_status(seeded_cache.root, **seeded_cache.gate_kwargs()).warm
+    assert wc.weight_cache_status(wc.VariantPaths(seeded_cache.root), **seeded_cache.gate_kwargs()).warm
     zeroed_like(sidecar, tmp_path / "zeros.safetensors")
     os.replace(tmp_path / "zeros.safetensors", sidecar)
     with pytest.raises(wc.WeightCacheError, match="host sidecar"):
@@ -115,7 +116,7 @@ def test_a_tensorbin_renamed_over_as_ttnn_opens_it_is_never_served(llama, cache_
     checkpoint = llama
     reference = tensors_of(LlamaLoader(checkpoint, precision="bfloat16").load())
     loader = LlamaLoader(checkpoint, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
     intruder = loader.cache_dir / next(r.path for r in marker.files if "layers.1/attention.wqkv" in r.path)
     spare = tmp_path / "intruder.tensorbin"
@@ -139,7 +140,7 @@ def test_a_fifo_renamed_over_a_tensorbin_after_the_gate_is_cold_not_a_hang(llama
     checkpoint = llama
     reference = tensors_of(LlamaLoader(checkpoint, precision="bfloat16").load())
     loader = LlamaLoader(checkpoint, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / marker.files[0].path
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -151,7 +152,7 @@ def test_a_fifo_renamed_over_a_tensorbin_after_the_gate_is_cold_not_a_hang(llama
 def test_a_tensorbin_renamed_over_after_the_gate_is_cold(llama, cache_root, tmp_path, captured_warnings):
     reference = tensors_of(LlamaLoader(llama, precision="bfloat16").load())
     loader = LlamaLoader(llama, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
     spare = tmp_path / "intruder.tensorbin"
     shutil.copyfile(loader.cache_dir / next(r.path for r in marker.files if "layers.1/attention.wqkv" in r.path), spare)
@@ -188,7 +189,7 @@ def test_a_racing_process_renaming_tensorbins_over_is_never_served(llama, cache_
     for weights in deploy.glob("*.safetensors"):
         weights.unlink()  # cache-only: no rebuild moves the files away from the racer
     loader = LlamaLoader(deploy, precision="bfloat16")
-    marker = read_marker(loader.cache_dir, loader.build_variant)
+    marker = read_marker(loader.paths)
     victim = loader.cache_dir / next(r.path for r in marker.files if "layers.0/attention.wqkv" in r.path)
     original, intruder = tmp_path / "original.tensorbin", tmp_path / "intruder.tensorbin"
     os.link(victim, original)
@@ -213,3 +214,26 @@ def test_a_racing_process_renaming_tensorbins_over_is_never_served(llama, cache_
         stop.touch()
         rounds = int(racer.communicate(timeout=60)[0].split()[-1])
     assert rounds > 100 and served + refused > 20, (rounds, served, refused)
+
+
+def test_a_warm_load_makes_its_variant_paths_once(llama, cache_root):
+    """The gate, the warm read and the use record of one load share one ``VariantPaths``: the
+    seed's ``(cache_dir, build_variant)`` pair is not rebuilt into paths along the way."""
+    LlamaLoader(llama, precision="bfloat16").load()
+    made = []
+    post_init = wc.VariantPaths.__post_init__.__code__
+
+    def count(frame, event, _arg):
+        if event == "call" and frame.f_code is post_init:
+            made.append(frame.f_locals["self"])
+
+    loader = LlamaLoader(llama, precision="bfloat16")
+    sys.setprofile(count)
+    threading.setprofile(count)
+    try:
+        loaded = loader.load()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    assert loaded.warm
+    assert made == [loader.paths], made

@@ -198,11 +198,11 @@ def trusted_manifest(store: Store, variant_key: str) -> tuple[str, Manifest]:
 # --------------------------------------------------------------------------------------------
 
 
-def local_status(cache_dir: Path, marker: WeightCacheMarker) -> CacheStatus:
-    """The local gate for exactly the variant a manifest's marker is."""
-    return weight_cache_status(cache_dir, model_name=marker.model_name, n_layers=marker.n_layers,
-                               mesh_shape=marker.mesh_shape, components=marker.components,
-                               build_variant=marker.build_variant, force_env=None, content_id=marker.content_id)
+def local_status(paths: VariantPaths, marker: WeightCacheMarker) -> CacheStatus:
+    """The local gate for exactly the variant a manifest's marker is (``paths`` are that variant's)."""
+    return weight_cache_status(paths, model_name=marker.model_name, n_layers=marker.n_layers,
+                               mesh_shape=marker.mesh_shape, components=marker.components, force_env=None,
+                               content_id=marker.content_id)
 
 
 def host_identity(marker: WeightCacheMarker) -> VariantIdentity:
@@ -243,7 +243,7 @@ def pull_variant(store: Store, manifest: Manifest, cache_root: Path, *, manifest
     except OSError as error:  # the local disk: full, read-only, failing
         raise CacheNotWritable(f"{cache_dir}: the pull cannot write there ({error.strerror or error}); "
                                "nothing was published") from None
-    status = local_status(cache_dir, marker)
+    status = local_status(paths, marker)
     if status.warm:
         record_pull(store, manifest.variant_key)  # gc's recency; never fails the pull
     return result(status, fetched is None, fetched or [])
@@ -259,7 +259,7 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
     with BuildTransaction(paths) as build:
         if not build.locked:
             raise CacheNotWritable(f"{cache_dir}: cannot take the build lock ({build.lock.why})")
-        if local_status(cache_dir, marker).warm:
+        if local_status(paths, marker).warm:
             return None
         if progress is not None:
             progress.start(len(objects), manifest.total_bytes)

@@ -112,7 +112,7 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
     with reader_lease(paths, marker.generation) as leased:
         if not leased:
             raise PushError(f"{paths.cache_dir}: its build was replaced while the push began; push again")
-        status = marker_status(paths.cache_dir, marker)
+        status = marker_status(paths, marker)
         if not status.warm or status.marker is None:
             raise PushError(f"{paths.marker}: cold ({status.reason}); only a warm variant is pushed")
         local = status.marker
