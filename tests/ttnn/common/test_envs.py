@@ -23,6 +23,7 @@ BAD_VALUES = {
     "TT_PREFETCH_THREADS": "eight",
     "TT_CACHE_REMOTE": "ftp://store.example/caches",
     "TT_CACHE_REMOTE_PUSH": "sometimes",
+    "TT_CACHE_REMOTE_RETRY_S": "a while",
     "AWS_ENDPOINT_URL": "localhost:9000",
     "TT_CACHE_DEBUG": "verbose",
     "TT_PREFILL_CACHE_MAX_SIZE": "lots",
