@@ -63,7 +63,13 @@ from models.common.weight_cache.remote.stores import (
     StoreIntegrityError,
     StoreUnavailable,
 )
-from models.common.weight_cache.remote.transfer import TransferProgress, fetch_object, run_all, staged_path
+from models.common.weight_cache.remote.transfer import (
+    RangeBuffers,
+    TransferProgress,
+    fetch_object,
+    run_all,
+    staged_path,
+)
 
 
 class CacheNotWritable(RemoteStoreError):
@@ -237,9 +243,11 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
         if progress is not None:
             progress.start(len(objects), manifest.total_bytes)
 
+        buffers = RangeBuffers()  # the pull's: reused from object to object, dropped with it
+
         def fetch(item: tuple[str, int]) -> int:
             digest, size = item
-            _, fetched = fetch_object(store, digest, size, paths.pulled_objects)
+            _, fetched = fetch_object(store, digest, size, paths.pulled_objects, buffers)
             if progress is not None:
                 progress.weight_done(digest[:16], size)
             return fetched
