@@ -36,7 +36,7 @@ from models.common.weight_cache.remote.stores import Store, StoreIntegrityError,
 
 PART_SUFFIX = ".part"
 RANGE_BYTES = 16 << 20  # one ranged read of a large object
-RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 1 ranges per object)
+RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 2 ranges per object)
 _STAGED_NAME = re.compile(r"[0-9a-f]{64}(?:\.part)?")
 T = TypeVar("T")
 
@@ -179,7 +179,7 @@ def _pieces(store: Store, digest: str, start: int, size: int, part: Path,
 class RangeBuffers:
     """Buffers of :data:`RANGE_BYTES` for ranged reads, reused for the whole of one pull: a range is
     received straight into one (no ``bytes`` per read, no copy, no fresh pages to fault in). Never
-    more than the reads in flight at once (``RANGE_THREADS + 1`` per large object)."""
+    more than one large object has at once: ``RANGE_THREADS + 1`` read or queued, one being written."""
 
     def __init__(self) -> None:
         self._free: list[bytearray] = []
