@@ -6,9 +6,8 @@
     python scripts/bench_remote.py --cases qwen2.5-coder-1.5b --append   # add rows to the JSON of an earlier run
 
 Each case is an N150 variant (``--precision``, bfloat8_b by default) built cold from its checkpoint here
-(a real Qwen2.5-Coder,
-prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint of a model's shapes from
-``models.testing.model_shapes``), then, ``--repeat`` rounds each, alternating:
+(a real Qwen2.5-Coder, prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint of
+a model's shapes from ``models.testing.model_shapes``), then, ``--repeat`` rounds each, alternating:
 
 * **push**: ``push_cache_dir`` (every object hashed as read, checked against its name) against
   ``s5cmd cp 'DIR/*' s3://...`` of the same variant dir to the same server (empty prefixes each round);

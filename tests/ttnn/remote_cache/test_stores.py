@@ -226,7 +226,8 @@ class CountingBuffers(RangeBuffers):
 def test_ranged_reads_reuse_the_pulls_buffers_from_object_to_object(backend, request, tmp_path):
     """Buffers are made only for the reads in flight and come back after each object, whatever
     the store: a second large object is fetched without a new one."""
-    store = open_store(request.getfixturevalue("s3_url")) if backend == "s3" else DirectoryStore(tmp_path / "s", create=True)
+    store = (open_store(request.getfixturevalue("s3_url")) if backend == "s3"
+             else DirectoryStore(tmp_path / "s", create=True))
     buffers = CountingBuffers()
     staging = tmp_path / "staging"
     for seed in (1, 2):

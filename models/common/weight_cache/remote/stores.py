@@ -117,7 +117,8 @@ def read_range_into(store: Store, key: str, start: int, view: memoryview) -> int
     filled = 0
     for chunk in store.read(key, start=start, end=start + len(view)):
         if filled + len(chunk) > len(view):
-            raise StoreIntegrityError(f"{store.url}: {key} answered more than the {len(view):,} bytes asked at {start:,}")
+            raise StoreIntegrityError(f"{store.url}: {key} answered more than the {len(view):,} bytes "
+                                      f"asked at {start:,}")
         view[filled:filled + len(chunk)] = chunk
         filled += len(chunk)
     return filled
