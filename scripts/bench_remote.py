@@ -2,11 +2,12 @@
 """The shared store against ``s5cmd``, side by side in one run, on one SeaweedFS S3 server on loopback.
 
     python scripts/bench_remote.py                                # Qwen2.5-Coder-0.5B, Llama-3.1-8B-shaped
-    python scripts/bench_remote.py --cases llama-3.1-70b          # 7 GB (2 layers), if time allows
+    python scripts/bench_remote.py --cases llama-3.1-70b          # a 7 GB checkpoint (2 layers)
+    python scripts/bench_remote.py --cases qwen2.5-coder-1.5b --append   # add rows to the JSON of an earlier run
 
-Each case is a bfloat8_b N150 variant built cold from its checkpoint here (the real Qwen2.5-Coder-0.5B,
-prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint of a model's shapes from
-``models.testing.model_shapes``), then, ``--repeat`` rounds each, alternating:
+Each case is an N150 variant (``--precision``, bfloat8_b by default) built cold from its checkpoint here
+(a real Qwen2.5-Coder, prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint of
+a model's shapes from ``models.testing.model_shapes``), then, ``--repeat`` rounds each, alternating:
 
 * **push**: ``push_cache_dir`` (every object hashed as read, checked against its name) against
   ``s5cmd cp 'DIR/*' s3://...`` of the same variant dir to the same server (empty prefixes each round);
@@ -19,7 +20,9 @@ prepared once by ``models.demos.real_models.prepare``, or a 2-layer checkpoint o
 
 Throughput is MiB of the variant per second (the median round); a ratio is ours over s5cmd's (the
 target: >= 0.9). The machine's load average is recorded: other work on it moves every figure.
-Writes ``docs/bench_remote.json`` and ``.png``; deletes everything it made under ``--workdir``.
+Writes ``docs/bench_remote.json`` and ``.png`` after each case (``--append``: the rows of an earlier
+run are kept unless this run measures the same case and precision); deletes everything it made under
+``--workdir``, the shaped checkpoints too.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from _bench_output import Panel, figure, write_json  # noqa: E402
 from models.testing.object_store import start_seaweed, stop_seaweed  # noqa: E402
 
 MIB = 1 << 20
-REAL = {"qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B"}
+REAL = {"qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B", "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}
 
 
 def drop_caches() -> bool:
@@ -97,21 +100,22 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
     from models.common.weight_cache.remote.push import push_cache_dir
     from models.common.weight_cache.remote.s3 import S3Store
 
-    work = opts.workdir / case
+    work = opts.workdir / f"{case}-{opts.precision}"
     checkpoint, made = checkpoint_of(case, opts.workdir, opts.layers)
     drop_caches()
     cold = load_process(checkpoint, opts.precision, work / "built")
     (marker,) = (work / "built").rglob(".weights_complete.*")
     variant = marker.parent
     mib = sum(f.stat().st_size for f in variant.rglob("*") if f.is_file()) / MIB
-    print(f"{case}: variant {mib:,.0f} MiB, cold build process {cold['wall']:.1f} s", flush=True)
+    print(f"{case} {opts.precision}: variant {mib:,.0f} MiB, cold build process {cold['wall']:.1f} s", flush=True)
     rounds: dict[str, list[float]] = {"push": [], "s5cmd push": [], "pull": [], "s5cmd pull + sync": []}
     for index in range(opts.repeat):
-        store = S3Store(server.bucket, f"{case}/ours-{index}")
+        prefix = f"{case}-{opts.precision}"
+        store = S3Store(server.bucket, f"{prefix}/ours-{index}")
         start = time.perf_counter()
         (pushed,) = push_cache_dir(variant, store)
         rounds["push"].append(time.perf_counter() - start)
-        rounds["s5cmd push"].append(s5cmd(server, "cp", f"{variant}/*", f"s3://{server.bucket}/{case}/s5-{index}/"))
+        rounds["s5cmd push"].append(s5cmd(server, "cp", f"{variant}/*", f"s3://{server.bucket}/{prefix}/s5-{index}/"))
         drop_caches()
         start = time.perf_counter()
         _, manifest = trusted_manifest(store, pushed.variant_key)
@@ -121,7 +125,7 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
         shutil.rmtree(work / f"pulled-{index}")
         drop_caches()
         start = time.perf_counter()
-        s5cmd(server, "cp", f"s3://{server.bucket}/{case}/s5-{index}/*", f"{work / 's5-pulled'}/")
+        s5cmd(server, "cp", f"s3://{server.bucket}/{prefix}/s5-{index}/*", f"{work / 's5-pulled'}/")
         os.sync()
         rounds["s5cmd pull + sync"].append(time.perf_counter() - start)
         shutil.rmtree(work / "s5-pulled")
@@ -143,30 +147,34 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     if made:
         shutil.rmtree(checkpoint, ignore_errors=True)
-    return {"case": case, "variant_mib": mib, "objects": pushed.objects, "rounds": rounds, "median": median,
+    return {"case": case, "precision": opts.precision, "variant_mib": mib, "objects": pushed.objects, "rounds": rounds, "median": median,
             "push_ratio": median["s5cmd push"] / median["push"], "pull_ratio": median["s5cmd pull + sync"] / median["pull"],
             "second_push": second, "cold_build_wall": cold["wall"], "cold_build_seconds": cold["seconds"],
             "new_machine": {"pull_wall": pull_wall, "warm_load_wall": warm["wall"], "warm_load_seconds": warm["seconds"],
                             "total": pull_wall + warm["wall"]}}
 
 
-def print_table(rows: list[dict], precision: str) -> None:
-    print(f"\n### Shared store vs s5cmd ({precision}, N150; SeaweedFS on loopback; {os.cpu_count()} cores; median round)")
+def label(row: dict) -> str:
+    return f"{row['case']} {row.get('precision', 'bfloat8_b')}"
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n### Shared store vs s5cmd (N150; SeaweedFS on loopback; {os.cpu_count()} cores; median round)")
     print("| case | variant | push / s5cmd cp (MiB/s) | ratio | pull / s5cmd cp + sync (MiB/s) | ratio | "
           "second push (sent, s) | new machine: pull + warm load / cold build (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         m, new = r["median"], r["new_machine"]
         mib = r["variant_mib"]
-        print(f"| {r['case']} | {mib:,.0f} MiB, {r['objects']} objects | {mib / m['push']:.0f} / {mib / m['s5cmd push']:.0f} | "
+        print(f"| {label(r)} | {mib:,.0f} MiB, {r['objects']} objects | {mib / m['push']:.0f} / {mib / m['s5cmd push']:.0f} | "
               f"{r['push_ratio']:.2f}x | {mib / m['pull']:.0f} / {mib / m['s5cmd pull + sync']:.0f} | {r['pull_ratio']:.2f}x | "
               f"{r['second_push']['bytes_sent']} B, {r['second_push']['seconds']:.2f} s | "
               f"{new['pull_wall']:.1f} + {new['warm_load_wall']:.1f} = {new['total']:.1f} / {r['cold_build_wall']:.1f} |")
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    throughput = {r["case"]: {name: r["variant_mib"] / seconds for name, seconds in r["median"].items()} for r in rows}
-    start = {r["case"]: {"cold build (process)": r["cold_build_wall"], "tt-cache pull (process)": r["new_machine"]["pull_wall"],
+    throughput = {label(r): {name: r["variant_mib"] / seconds for name, seconds in r["median"].items()} for r in rows}
+    start = {label(r): {"cold build (process)": r["cold_build_wall"], "tt-cache pull (process)": r["new_machine"]["pull_wall"],
                          "then warm load (process)": r["new_machine"]["warm_load_wall"]} for r in rows}
     figure(path, [
         Panel("bars", throughput, title="push and pull vs s5cmd (SeaweedFS, loopback)", ylabel="MiB/s of the variant"),
@@ -184,23 +192,26 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tt-bench-remote"))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_remote.json")
+    parser.add_argument("--append", action="store_true", help="keep the rows of --out of other cases or precisions")
     opts = parser.parse_args()
     if opts.workdir.exists():
         raise SystemExit(f"bench_remote: {opts.workdir} exists; remove it or pass another --workdir")
     load_before = os.getloadavg()
     server = start_seaweed(opts.workdir / "seaweed")
     os.environ.update(server.client_env())  # this process's own push and pull: the test server's key pair
-    rows = []
+    rows = json.loads(opts.out.read_text())["rows"] if opts.append and opts.out.exists() else []
     try:
         for case in opts.cases:
-            rows.append(bench_case(case, server, opts))
+            row = bench_case(case, server, opts)
+            row["load_average"] = {"before": load_before, "after": os.getloadavg()}
+            rows = [r for r in rows if label(r) != label(row)] + [row]
+            write_json(opts.out, {"mesh": "1x1 (N150)", "root": os.geteuid() == 0, "rows": rows})
+            plot(rows, opts.out.with_suffix(".png"))
+            load_before = os.getloadavg()
     finally:
         stop_seaweed(server)
         shutil.rmtree(opts.workdir, ignore_errors=True)
-    print_table(rows, opts.precision)
-    write_json(opts.out, {"precision": opts.precision, "mesh": "1x1 (N150)", "root": os.geteuid() == 0,
-                          "load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": rows})
-    plot(rows, opts.out.with_suffix(".png"))
+    print_table(rows)
 
 
 if __name__ == "__main__":

@@ -135,8 +135,10 @@ def _statfs_type(path: str) -> int | None:
     """``statfs(2)``'s ``f_type`` (the first field of ``struct statfs`` on Linux), None elsewhere."""
     global _LIBC
     try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if _LIBC is None:  # the libc this process runs on; find_library spawns ldconfig (a second, loaded)
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+            if not hasattr(_LIBC, "statfs"):
+                _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         buffer = ctypes.create_string_buffer(256)
         if _LIBC.statfs(os.fsencode(path), buffer) != 0:
             return None

@@ -16,7 +16,14 @@ import pytest
 from models.common.weight_cache.remote.s3 import S3Store
 from models.common.weight_cache.remote.store_layout import object_key
 from models.common.weight_cache.remote.stores import DirectoryStore, HttpStore, ObjectMissing, StoreUnavailable
-from models.common.weight_cache.remote.transfer import RANGE_BYTES, DigestMismatch, fetch_object, verified_parts
+from models.common.weight_cache.remote.transfer import (
+    RANGE_BYTES,
+    RANGE_THREADS,
+    DigestMismatch,
+    RangeBuffers,
+    fetch_object,
+    verified_parts,
+)
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import SECRET_KEY, free_ports, serve_directory
 
@@ -200,3 +207,64 @@ def test_an_http_body_cut_short_of_its_length_is_a_broken_download_not_a_short_o
     finally:
         thread.join(10)
         listener.close()
+
+
+def _time_wait_to(port: int) -> int:
+    """Connections this machine closed to ``port`` on the loopback that still wait (TIME_WAIT):
+    one per connection that was not kept for the next request."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2].endswith(f":{port:04X}") and line.split()[3] == "06")
+
+
+def test_an_s3_range_is_received_into_the_callers_buffer_on_a_kept_connection(seaweed, s3_url, tmp_path):
+    size = 3 * MiB + 5
+    source, digest = _file(tmp_path / "blob", size, seed=9)
+    data = source.read_bytes()
+    store = open_store(s3_url)
+    store.upload(object_key(digest), verified_parts(source, digest, size), size)
+    port = int(seaweed.endpoint.rpartition(":")[2])
+    buffer = bytearray(MiB)
+    closed_before = _time_wait_to(port)
+    for first in range(0, size, MiB):
+        want = min(MiB, size - first)
+        assert store.read_into(object_key(digest), first, memoryview(buffer)[:want]) == want
+        assert buffer[:want] == data[first:first + want]
+    assert _time_wait_to(port) == closed_before  # every range read to its end: the connection went back to the pool
+    with pytest.raises(ObjectMissing):
+        store.read_into(object_key("0" * 64), 0, memoryview(buffer))
+
+
+class CountingBuffers(RangeBuffers):
+    """The pull's buffer pool, counting the buffers it had to make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made = 0
+
+    def take(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        self.made += 1
+        return bytearray(RANGE_BYTES)
+
+
+@pytest.mark.parametrize("backend", ["s3", "directory"])
+def test_ranged_reads_reuse_the_pulls_buffers_from_object_to_object(backend, request, tmp_path):
+    """Buffers are made only for the reads in flight and come back after each object, whatever
+    the store: a second large object is fetched without a new one."""
+    store = (open_store(request.getfixturevalue("s3_url")) if backend == "s3"
+             else DirectoryStore(tmp_path / "s", create=True))
+    buffers = CountingBuffers()
+    staging = tmp_path / "staging"
+    made_for_first = 0
+    for seed in (1, 2):
+        size = 7 * RANGE_BYTES + 3
+        source, digest = _file(tmp_path / f"blob{seed}", size, seed=seed)
+        store.upload(object_key(digest), verified_parts(source, digest, size), size)
+        staged, fetched = fetch_object(store, digest, size, staging, buffers)
+        assert fetched == size and staged.read_bytes() == source.read_bytes()
+        assert 0 < buffers.made <= RANGE_THREADS + 2 and len(buffers._free) == buffers.made  # in flight, queued, consumed
+        if seed == 1:
+            made_for_first = buffers.made
+    assert buffers.made == made_for_first

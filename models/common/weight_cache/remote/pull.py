@@ -72,7 +72,13 @@ from models.common.weight_cache.remote.stores import (
     StoreIntegrityError,
     StoreUnavailable,
 )
-from models.common.weight_cache.remote.transfer import TransferProgress, fetch_object, run_all, staged_path
+from models.common.weight_cache.remote.transfer import (
+    RangeBuffers,
+    TransferProgress,
+    fetch_object,
+    run_all,
+    staged_path,
+)
 from models.common.weight_cache.variant import VariantIdentity
 
 
@@ -264,9 +270,12 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
         if progress is not None:
             progress.start(len(objects), manifest.total_bytes)
 
+        buffers = RangeBuffers()  # the pull's: reused from object to object, dropped with it
+
         def fetch(item: tuple[str, int]) -> int:
             digest, size = item
-            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects), object_key(digest))
+            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects, buffers),
+                                  object_key(digest))
             if progress is not None:
                 progress.weight_done(digest[:16], size)
             return fetched

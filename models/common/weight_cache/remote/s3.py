@@ -31,6 +31,7 @@ from models.common.weight_cache.remote.stores import (
     ObjectMissing,
     RemoteStoreError,
     StoredKey,
+    StoreIntegrityError,
     StoreUnavailable,
     StoreUnreachable,
 )
@@ -150,6 +151,23 @@ class S3Store:
         with contextlib.closing(body), self._errors(key):
             yield from body.iter_chunks(READ_CHUNK)
 
+    def read_into(self, key: str, start: int, view: memoryview) -> int:
+        """One ranged GET of ``len(view)`` bytes from ``start``, read from the socket straight into
+        ``view`` (see :func:`_read_body_into`); the count read. An answer longer than asked is refused."""
+        asked = f"bytes={start}-{start + len(view) - 1}"
+        with self._errors(key):
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=asked)
+        body = answer["Body"]
+        promised = int(answer.get("ContentLength", -1))
+        with contextlib.closing(body), self._errors(key):
+            if promised > len(view):
+                raise StoreIntegrityError(f"{self.url}{key}: answered {promised:,} bytes to {asked}")
+            filled = _read_body_into(body, view)
+        if filled < promised:  # http.client ends a cut body quietly: a store that stopped, not a short object
+            raise StoreUnreachable(f"{self.url}{key}: the download broke off after {filled:,} of the {promised:,} "
+                                   f"bytes the server announced")
+        return filled
+
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
         try:
             with self._errors(key):
@@ -250,3 +268,23 @@ def _in_parts(chunks: Iterable[bytes], part_bytes: int) -> Iterator[bytes]:
             del pending[:part_bytes]
     if pending:
         yield bytes(pending)
+
+
+def _read_body_into(body: Any, view: memoryview) -> int:
+    """Fill ``view`` from a botocore ``StreamingBody``; the count read (short at the body's end).
+
+    botocore's and urllib3's ``readinto`` read a new ``bytes`` and copy it: a fresh allocation per
+    read, a page fault per 4 KiB of it. When the body is urllib3's response over ``http.client``'s
+    (every botocore so far), its ``readinto`` receives straight into ``view``; the connection goes
+    back to the pool once the body was read to its end, as urllib3 does itself. The caller checks
+    the count and the digest whatever the path."""
+    raw = getattr(body, "_raw_stream", None)
+    socket_body = getattr(raw, "_fp", None)
+    if not callable(getattr(socket_body, "readinto", None)) or not callable(getattr(raw, "release_conn", None)):
+        socket_body = body
+    filled = 0
+    while filled < len(view) and (count := socket_body.readinto(view[filled:])):
+        filled += count
+    if socket_body is not body and socket_body.isclosed():  # read to its end: the connection is reusable
+        raw.release_conn()
+    return filled

@@ -112,6 +112,23 @@ class Store(Protocol):
         ...
 
 
+def read_range_into(store: Store, key: str, start: int, view: memoryview) -> int:
+    """``key``'s bytes from ``start`` into ``view`` (at most ``len(view)``); how many came. A store
+    with a ``read_into`` of its own reads straight into the view; any other is copied from
+    :meth:`Store.read`'s chunks. More than ``len(view)`` bytes is the store's fault."""
+    read_into = getattr(store, "read_into", None)
+    if read_into is not None:
+        return read_into(key, start, view)
+    filled = 0
+    for chunk in store.read(key, start=start, end=start + len(view)):
+        if filled + len(chunk) > len(view):
+            raise StoreIntegrityError(f"{store.url}: {key} answered more than the {len(view):,} bytes "
+                                      f"asked at {start:,}")
+        view[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return filled
+
+
 # --------------------------------------------------------------------------------------------
 # A directory
 # --------------------------------------------------------------------------------------------

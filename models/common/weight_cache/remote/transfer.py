@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -31,11 +32,11 @@ import blake3
 
 from models.common.fileio import HASH_READ_BYTES, fsync_dir, write_all
 from models.common.weight_cache.remote.store_layout import object_key
-from models.common.weight_cache.remote.stores import Store, StoreIntegrityError
+from models.common.weight_cache.remote.stores import Store, StoreIntegrityError, read_range_into
 
 PART_SUFFIX = ".part"
 RANGE_BYTES = 16 << 20  # one ranged read of a large object
-RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 1 ranges per object)
+RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 2 ranges per object)
 _STAGED_NAME = re.compile(r"[0-9a-f]{64}(?:\.part)?")
 T = TypeVar("T")
 
@@ -82,7 +83,8 @@ def is_staged_name(name: str) -> bool:
     return _STAGED_NAME.fullmatch(name) is not None
 
 
-def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[Path, int]:
+def fetch_object(store: Store, digest: str, size: int, staging: Path,
+                 buffers: RangeBuffers | None = None) -> tuple[Path, int]:
     """One object into ``staging/<digest>``, verified; returns (its path, bytes fetched now).
 
     1. Staged already (a pull killed after it): hashed again, kept when it is still the object.
@@ -107,7 +109,7 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
         os.ftruncate(fd, have)  # a torn tail beyond what was hashed is dropped
         os.lseek(fd, have, os.SEEK_SET)
         fetched = 0
-        for chunk in _pieces(store, digest, have, size, part):
+        for chunk in _pieces(store, digest, have, size, part, buffers or RangeBuffers()):
             if have + fetched + len(chunk) > size:
                 raise _mismatch(part, store, digest, f"is longer than the manifest's {size:,} bytes")
             hasher.update(chunk)
@@ -125,39 +127,73 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
     return final, fetched
 
 
-def _pieces(store: Store, digest: str, start: int, size: int, part: Path) -> Iterator[bytes | bytearray]:
+def _pieces(store: Store, digest: str, start: int, size: int, part: Path,
+            buffers: RangeBuffers) -> Iterator[bytes | memoryview]:
     """The object's bytes from ``start`` on, in order: one stream, or (more than two ranges left)
-    ranged reads, :data:`RANGE_THREADS` in flight, each range yielded whole once it arrived."""
+    ranged reads, :data:`RANGE_THREADS` in flight, each read straight into a buffer of ``buffers``
+    and yielded whole once it arrived (the buffer is reused once the consumer asks for the next)."""
     key = object_key(digest)
     if size - start <= 2 * RANGE_BYTES:
         yield from store.read(key, start=start) if start < size else ()
         return
 
     def fetch(first: int) -> bytearray:
-        end = min(first + RANGE_BYTES, size)
-        data = bytearray(end - first)  # filled in place: no regrowing copies
-        filled = 0
-        for chunk in store.read(key, start=first, end=end):
-            if filled + len(chunk) > len(data):
-                raise _mismatch(part, store, digest, f"answered more than the {len(data):,} bytes asked at {first:,}")
-            data[filled:filled + len(chunk)] = chunk
-            filled += len(chunk)
-        if filled != len(data):
+        want = min(first + RANGE_BYTES, size) - first
+        buffer = buffers.take()
+        try:
+            filled = read_range_into(store, key, first, memoryview(buffer)[:want])
+        except BaseException:
+            buffers.give(buffer)
+            raise
+        if filled != want:
+            buffers.give(buffer)
             raise _mismatch(part, store, digest, f"is shorter than the manifest's {size:,} bytes")
-        return data
+        return buffer
 
     firsts = iter(range(start, size, RANGE_BYTES))
     with ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="range") as pool:
         pending = deque(pool.submit(fetch, first) for _, first in zip(range(RANGE_THREADS + 1), firsts))
+        held: bytearray | None = None
         try:
+            first = start
             while pending:
                 data = pending.popleft().result()
-                if (first := next(firsts, None)) is not None:
-                    pending.append(pool.submit(fetch, first))
-                yield data
+                if held is not None:
+                    buffers.give(held)
+                held = data
+                if (following := next(firsts, None)) is not None:
+                    pending.append(pool.submit(fetch, following))
+                yield memoryview(data)[:min(RANGE_BYTES, size - first)]
+                first += RANGE_BYTES
         finally:
             for future in pending:
                 future.cancel()
+            for future in pending:  # a range read under way still holds its buffer: back once it ends
+                with contextlib.suppress(BaseException):
+                    if not future.cancelled():
+                        buffers.give(future.result())
+            if held is not None:
+                buffers.give(held)
+
+
+class RangeBuffers:
+    """Buffers of :data:`RANGE_BYTES` for ranged reads, reused for the whole of one pull: a range is
+    received straight into one (no ``bytes`` per read, no copy, no fresh pages to fault in). Never
+    more than one large object has at once: ``RANGE_THREADS + 1`` read or queued, one being written."""
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(RANGE_BYTES)
+
+    def give(self, buffer: bytearray) -> None:
+        with self._lock:
+            self._free.append(buffer)
 
 
 def _hash_prefix(fd: int, hasher: blake3.blake3, size: int) -> int:
