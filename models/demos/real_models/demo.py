@@ -292,7 +292,7 @@ def from_the_store(model: KnownModel, snapshot: Path, opts: argparse.Namespace, 
         raise SystemExit(f"demo: expected a warm start pulled from {envs.TT_CACHE_REMOTE}, got warm={start['warm']} "
                          f"store={start['store'] or 'not asked'}")
     loader = make_loader(model, snapshot, opts.precision, opts.mesh)
-    problems = verify_weight_cache(loader.cache_dir, loader.build_variant)
+    problems = verify_weight_cache(loader.paths)
     ids, ours, _ = completions(model, snapshot, opts.precision, opts.mesh, prompt, opts.steps, transformers=False)
 
     print(f"\n{model.name} ({model.repo_id}, {model.family}; {opts.precision}, mesh {opts.mesh}) from {snapshot} "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from models.common.weight_cache.marker import iter_markers
+from models.common.weight_cache import VariantPaths
 from models.common.weight_cache.remote.pull import local_status, trusted_manifest
 from models.common.weight_cache.remote.push import push_cache_dir
 from models.common.weight_cache.remote.store_layout import (
@@ -83,7 +84,7 @@ def test_a_pull_by_key_of_another_identity_fetches_and_writes_nothing(field, bui
         assert not (root / location / ".pulled-objects").exists()
     assert _markers(empty / location) == [] and not [p for p in (empty / location).glob("g*")]
     (kept,) = _markers(warm / location)  # the warm variant there is untouched, and still warm
-    assert kept == built_variant.marker and local_status(warm / location, kept).warm
+    assert kept == built_variant.marker and local_status(VariantPaths(warm / location, kept.build_variant), kept).warm
 
 
 def test_a_pull_by_dir_skips_a_variant_another_ttnn_pushed_from_there(built_variant, s3_url, tmp_path, capsys,
@@ -101,7 +102,7 @@ def test_a_pull_by_dir_skips_a_variant_another_ttnn_pushed_from_there(built_vari
     (skipped,) = document["skipped"]
     assert foreign.variant_key[:16] in skipped and FOREIGN["ttnn_version"] in skipped
     (marker,) = _markers(root / location)
-    assert marker.ttnn_version == built_variant.marker.ttnn_version and local_status(root / location, marker).warm
+    assert marker.ttnn_version == built_variant.marker.ttnn_version and local_status(VariantPaths(root / location, marker.build_variant), marker).warm
     # only the foreign one there: nothing pulled, one line that says why
     only = _objects_only(built_variant, f"{s3_url}-only")
     _foreign(only, built_variant.marker, location, "tensorbin_format")

@@ -23,7 +23,7 @@ import blake3
 import pytest
 
 from models.common.envs import BadValue
-from models.common.weight_cache import verify_weight_cache
+from models.common.weight_cache import VariantPaths, verify_weight_cache
 from models.common.weight_cache.marker import FileRecord, iter_markers
 from models.common.weight_cache.remote.pull import local_status, pull_variant, trusted_manifest
 from models.common.weight_cache.remote.push import push_cache_dir
@@ -163,7 +163,7 @@ def test_a_server_back_within_the_retry_window_lets_the_pull_complete(server, la
     assert document["bytes_fetched"] < large_variant.total_bytes  # the last try resumed from the verified prefix
     cache_dir = root / large_variant.location
     ((_, marker, _),) = iter_markers(cache_dir)
-    assert local_status(cache_dir, marker).warm and verify_weight_cache(cache_dir, marker.build_variant) == []
+    assert local_status(VariantPaths(cache_dir, marker.build_variant), marker).warm and verify_weight_cache(VariantPaths(cache_dir, marker.build_variant)) == []
     assert not (cache_dir / ".pulled-objects").exists()
 
 
@@ -190,7 +190,7 @@ def test_a_server_gone_for_good_fails_the_pull_in_one_line_and_a_later_pull_resu
         key, manifest = trusted_manifest(store, large_variant.key)
         resumed = pull_variant(store, manifest, root, manifest_key=key)
     assert resumed.warm and resumed.bytes_fetched <= large_variant.total_bytes - kept
-    assert verify_weight_cache(cache_dir, manifest.marker.build_variant) == [] and not staged.exists()
+    assert verify_weight_cache(VariantPaths(cache_dir, manifest.marker.build_variant)) == [] and not staged.exists()
 
 
 def test_a_push_outlives_a_server_stopped_mid_upload(server, large_variant, tmp_path):
@@ -262,7 +262,7 @@ def test_an_http_mirror_back_within_the_retry_window_lets_the_pull_complete(buil
     assert document["warm"] and document["bytes_fetched"] < variant.total_bytes  # resumed from the verified prefix
     cache_dir = root / variant.location
     ((_, marker, _),) = iter_markers(cache_dir)
-    assert verify_weight_cache(cache_dir, marker.build_variant) == []
+    assert verify_weight_cache(VariantPaths(cache_dir, marker.build_variant)) == []
 
 
 def test_the_backoff_doubles_to_its_cap_and_adds_up_to_the_window(monkeypatch):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from models.common.weight_cache import verify_weight_cache
+from models.common.weight_cache import VariantPaths, verify_weight_cache
 from models.common.weight_cache.marker import iter_markers
 from models.common.weight_cache.remote.pull import local_status
 from models.common.weight_cache.remote.push import push_cache_dir
@@ -36,7 +36,7 @@ def _marker_is_warm_whenever_present(cache_dir: Path) -> int:
     seen = 0
     for _, marker, _ in iter_markers(cache_dir) if cache_dir.exists() else ():
         assert marker is not None
-        status = local_status(cache_dir, marker)
+        status = local_status(VariantPaths(cache_dir, marker.build_variant), marker)
         assert status.warm, status.reason
         seen += 1
     return seen
@@ -68,7 +68,7 @@ def _rounds(rounds: int, built_variant, seaweed, s3_url: str, base: Path) -> int
         assert [d["already_warm"] for d in documents].count(False) == 1, documents  # one pulled, one found it
         assert _marker_is_warm_whenever_present(cache_dir) == 1
         ((_, marker, _),) = iter_markers(cache_dir)
-        assert verify_weight_cache(cache_dir, marker.build_variant) == []  # every file is the store's bytes
+        assert verify_weight_cache(VariantPaths(cache_dir, marker.build_variant)) == []  # every file is the store's bytes
         assert {r.digest for r in marker.all_files()} == {r.digest for r in built_variant.marker.all_files()}
         assert not (cache_dir / ".pulled-objects").exists()
         generations = [p.name for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
