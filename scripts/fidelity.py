@@ -178,12 +178,14 @@ HEADER = ("| model | precision | mesh | stored: " + " / ".join(TABLE_GROUPS[:5])
 
 
 def stored_cell(row: dict[str, Any]) -> str:
-    """The dtype of each tensor group, in :data:`TABLE_GROUPS` order (a group the model lacks left out)."""
+    """The dtype of each tensor group, in :data:`TABLE_GROUPS` order (a group the model lacks left
+    out); in a policy that mixes dtypes, its bfloat4_b groups in bold."""
     stored = row.get("stored")
     if not stored:
         return "not recorded"
     cells = ["+".join(SHORT_DTYPES.get(d, d) for d in stored[group]) for group in TABLE_GROUPS if group in stored]
-    return " / ".join(f"**{cell}**" if cell == "bfp4" else cell for cell in cells)
+    mixed = len(set(cells)) > 1
+    return " / ".join(f"**{cell}**" if mixed and "bfp4" in cell else cell for cell in cells)
 
 
 def table_row(row: dict[str, Any]) -> str:
