@@ -15,23 +15,24 @@ over the prompt and transformers' greedy tokens, one forward a prompt:
   transformers chose there (summed over the prompts). Teacher-forced, so it is the per-step agreement
   of greedy decoding, never counting one early miss as every later token lost.
 
-``--precision`` is passed to the loader as it is (a dtype, or a policy name once the loader takes
-one). A policy name the loader does not know yet (``performance``, ``accuracy``) is simulated by
-:data:`SIMULATED_POLICIES`: the weights of each tensor group taken from a uniform build in that
-group's dtype (the same ttnn tensors a per-group build would write), the rest from the policy's
-default. The JSON and a chart go to ``docs/fidelity.json`` / ``docs/fidelity.png`` through the
-shared ``_bench_output``; rows an earlier run wrote there that this one did not measure again are
-kept, so models and meshes can be measured one run at a time.
+``--precision`` is whatever the loader's ``precision=`` takes (a dtype, ``performance``,
+``accuracy``, a policy file) and is built by the loader as it is: one code path for every value.
+``performance`` and ``accuracy`` are tt-transformers' policies *for that model*
+(``models.common.precision``): each row records the loader's policy and the dtype every tensor
+group was stored in, read from the warm load (a group stored otherwise than its policy says is an
+error, never a row). The JSON and a chart go to ``docs/fidelity.json`` / ``docs/fidelity.png``
+through the shared ``_bench_output``; rows an earlier run wrote there that this one did not measure
+again are kept, so models, meshes and precisions can be measured one run at a time. The results
+table of ``docs/precision-fidelity.md`` (between its ``fidelity-table`` markers) is rewritten from
+every row.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from models.common.precision import DECODER_GROUPS, MODEL_GROUPS, PrecisionPolicy, group_of  # noqa: E402
 from models.common.reference import ReferenceDecoder  # noqa: E402
 from models.demos.real_models.known import KNOWN_MODELS, KnownModel, known_model  # noqa: E402
 from models.demos.real_models.prepare import prepare_model  # noqa: E402
@@ -61,26 +63,10 @@ PROMPTS = {  # the parity tests' prompts (tests/ttnn/real_models/test_parity.py)
 DEFAULT_MODELS = ("smollm2-135m", "gemma3-270m")  # the two smallest: the 2 cores are shared
 DEFAULT_PRECISIONS = ("bfloat16", "bfloat8_b", "bfloat4_b", "performance", "accuracy")
 KEEP_FP32_BELOW_BYTES = 600 << 20  # as the parity tests: larger models read each weight back per use
-
-# tensor groups by loader weight name (tt-transformers' names)
-GROUPS = {
-    "ff1_ff3": re.compile(r"\.feed_forward\.w[13]$"),
-    "ff2": re.compile(r"\.feed_forward\.w2$"),
-    "wqkv": re.compile(r"\.attention\.wqkv$"),
-    "wo": re.compile(r"\.attention\.wo$"),
-    "lm_head": re.compile(r"^output$"),
-}
-# tt-transformers' decoder precision policies as issue 38 quotes them (its Llama-3.1 policy:
-# models/tt_transformers/tt/model_config.py, ModelOptimizations): "default" is every group not named.
-# The LM head stays bfloat8_b in both (its own setting there, not part of the decoder policy).
-SIMULATED_POLICIES: dict[str, dict[str, str]] = {
-    "performance": {"default": "bfloat8_b", "ff1_ff3": "bfloat4_b"},
-    "accuracy": {"default": "bfloat8_b", "wqkv": "bfloat16", "wo": "bfloat16"},
-}
-
-
-def group_of(name: str) -> str | None:
-    return next((group for group, pattern in GROUPS.items() if pattern.search(name)), None)
+TABLE_GROUPS = DECODER_GROUPS + MODEL_GROUPS  # the table's columns, where a model has the group
+SHORT_DTYPES = {"bfloat16": "bf16", "bfloat8_b": "bfp8", "bfloat4_b": "bfp4", "float32": "fp32"}
+DOC = "precision-fidelity.md"  # its results table sits between these markers
+TABLE_START, TABLE_END = "<!-- fidelity-table: written by scripts/fidelity.py -->", "<!-- /fidelity-table -->"
 
 
 def reference_side(model: KnownModel, snapshot: Path, out: Path, steps: int) -> dict[str, Any]:
@@ -110,46 +96,45 @@ def measure(loaded: Any, model: KnownModel, expected: dict[str, Any]) -> dict[st
             "first_token_equal": sum(first), "prompts": len(pccs), "steps": steps}
 
 
+def stored_dtypes(loaded: Any, policy: PrecisionPolicy, label: str) -> dict[str, list[str]]:
+    """The dtypes each tensor group was stored in, read from the warm load's formats (several: a
+    per-decoder override); RuntimeError where a weight is not in the dtype its policy gives it."""
+    stored: dict[str, set[str]] = {}
+    for name, fmt in loaded.formats.items():
+        try:
+            group, _ = group_of(name)
+            wanted = policy.dtype_of(name)
+        except LookupError:  # embeddings, norms, routers, biases: no policy group
+            continue
+        dtype = fmt.dtype.name.lower()
+        if dtype != wanted:
+            raise RuntimeError(f"{label}: {name} is stored in {dtype}, its policy {policy.label} says {wanted}")
+        stored.setdefault(group, set()).add(dtype)
+    return {group: sorted(dtypes) for group, dtypes in sorted(stored.items())}
+
+
 class Builds:
     """Warm loads of one model on one mesh, one per precision, each built cold first into a scratch cache."""
 
     def __init__(self, model: KnownModel, snapshot: Path, mesh: tuple[int, int], root: Path) -> None:
         self.model, self.snapshot, self.mesh, self.root = model, snapshot, mesh, root
-        self.loads: dict[str, Any] = {}
         self.seconds: dict[str, dict[str, float]] = {}
 
-    def load(self, precision: str) -> Any:
-        """The warm load of ``precision`` (ValueError: the loader does not take it)."""
-        if precision not in self.loads:
-            cls = loader_class(self.model.family)
-            cache = self.root / f"{self.mesh[0]}x{self.mesh[1]}"
-            start = time.perf_counter()
-            cls(str(self.snapshot), precision=precision, mesh_shape=self.mesh, cache_root=cache).load()
-            cold = time.perf_counter() - start
-            start = time.perf_counter()
-            warm = cls(str(self.snapshot), precision=precision, mesh_shape=self.mesh, cache_root=cache).load()
-            if not warm.warm:
-                raise RuntimeError(f"{self.model.name} {precision}: the second load was not warm ({warm.reason})")
-            self.seconds[precision] = {"cold": cold, "warm": time.perf_counter() - start}
-            self.loads[precision] = warm
-        return self.loads[precision]
-
-    def policy(self, name: str) -> tuple[Any, str]:
-        """``name`` as the loader builds it, else simulated from uniform builds (and how it was made)."""
-        try:
-            return self.load(name), "loader"
-        except ValueError:
-            if name not in SIMULATED_POLICIES:
-                raise
-        groups = SIMULATED_POLICIES[name]
-        base = self.load(groups["default"])
-        weights, formats = dict(base.weights), dict(base.formats)
-        for key in base.weights:
-            dtype = groups.get(group_of(key) or "", groups["default"])
-            if dtype != groups["default"]:
-                weights[key], formats[key] = self.load(dtype).weights[key], self.load(dtype).formats[key]
-        return dataclasses.replace(base, weights=weights, formats=formats), "simulated " + ", ".join(
-            f"{group}={dtype}" for group, dtype in groups.items())
+    def load(self, precision: str) -> tuple[Any, PrecisionPolicy]:
+        """The warm load of ``precision`` as the loader builds it, and the loader's policy of it
+        (ValueError: the loader does not take it)."""
+        cls = loader_class(self.model.family)
+        cache = self.root / f"{self.mesh[0]}x{self.mesh[1]}"
+        start = time.perf_counter()
+        cls(str(self.snapshot), precision=precision, mesh_shape=self.mesh, cache_root=cache).load()
+        cold = time.perf_counter() - start
+        start = time.perf_counter()
+        loader = cls(str(self.snapshot), precision=precision, mesh_shape=self.mesh, cache_root=cache)
+        warm = loader.load()
+        if not warm.warm:
+            raise RuntimeError(f"{self.model.name} {precision}: the second load was not warm ({warm.reason})")
+        self.seconds[precision] = {"cold": cold, "warm": time.perf_counter() - start}
+        return warm, loader.policy
 
 
 def run(models: list[str], precisions: list[str], meshes: list[tuple[int, int]], steps: int) -> list[dict[str, Any]]:
@@ -164,17 +149,21 @@ def run(models: list[str], precisions: list[str], meshes: list[tuple[int, int]],
                 builds = Builds(model, snapshot, mesh, scratch / name)
                 for precision in precisions:
                     try:
-                        loaded, made = builds.policy(precision)
+                        loaded, policy = builds.load(precision)
                     except ValueError as error:
                         print(f"{name} {precision}: not measured ({error})")
                         continue
+                    label = f"{name} {precision} {mesh[0]}x{mesh[1]}"
                     start = time.perf_counter()
                     result = measure(loaded, model, expected)
-                    row = {"model": name, "precision": precision, "mesh": f"{mesh[0]}x{mesh[1]}", "made": made,
+                    row = {"model": name, "precision": precision, "mesh": f"{mesh[0]}x{mesh[1]}",
+                           "policy": policy.describe(), "stored": stored_dtypes(loaded, policy, label),
                            "forward_s": time.perf_counter() - start, **result,
                            "build_s": builds.seconds.get(precision)}
                     rows.append(row)
                     print(table_row(row), flush=True)
+                    del loaded
+                    gc.collect()
                 del builds
                 gc.collect()
                 shutil.rmtree(scratch / name, ignore_errors=True)
@@ -183,18 +172,37 @@ def run(models: list[str], precisions: list[str], meshes: list[tuple[int, int]],
     return rows
 
 
-HEADER = ("| model | precision | mesh | logits PCC (min of 3) | top-1 agreement | per prompt | first token |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |")
+HEADER = ("| model | precision | mesh | stored: " + " / ".join(TABLE_GROUPS[:5]) +
+          " | logits PCC (min of 3) | top-1 agreement | per prompt | first token |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def stored_cell(row: dict[str, Any]) -> str:
+    """The dtype of each tensor group, in :data:`TABLE_GROUPS` order (a group the model lacks left
+    out); in a policy that mixes dtypes, its bfloat4_b groups in bold."""
+    stored = row.get("stored")
+    if not stored:
+        return "not recorded"
+    cells = ["+".join(SHORT_DTYPES.get(d, d) for d in stored[group]) for group in TABLE_GROUPS if group in stored]
+    mixed = len(set(cells)) > 1
+    return " / ".join(f"**{cell}**" if mixed and "bfp4" in cell else cell for cell in cells)
 
 
 def table_row(row: dict[str, Any]) -> str:
     agreed = ", ".join(f"{n}/{row['steps']}" for n in row["top1"])
-    return (f"| {row['model']} | {row['precision']} | {row['mesh']} | {row['pcc_min']:.6f} | "
+    return (f"| {row['model']} | {row['precision']} | {row['mesh']} | {stored_cell(row)} | {row['pcc_min']:.6f} | "
             f"{row['top1_rate'] * 100:.1f}% | {agreed} | {row['first_token_equal']}/{row['prompts']} |")
 
 
 def measured_key(row: dict[str, Any]) -> tuple[str, str, str]:
     return row["model"], row["mesh"], row["precision"]
+
+
+def table_order(row: dict[str, Any]) -> tuple:
+    """Models as :data:`KNOWN_MODELS` lists them, then mesh, then the default precisions' order."""
+    names, precisions = list(KNOWN_MODELS), list(DEFAULT_PRECISIONS)
+    rank = precisions.index(row["precision"]) if row["precision"] in precisions else len(precisions)
+    return (names.index(row["model"]) if row["model"] in names else len(names), row["mesh"], rank, row["precision"])
 
 
 def earlier_rows(path: Path, rows: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
@@ -209,15 +217,31 @@ def earlier_rows(path: Path, rows: list[dict[str, Any]], steps: int) -> list[dic
     return [row for row in earlier.get("rows", []) if measured_key(row) not in measured]
 
 
+def write_table(doc: Path, rows: list[dict[str, Any]]) -> None:
+    """Rewrite the results table between the markers of ``doc`` (left alone without them)."""
+    if not doc.exists():
+        return
+    text = doc.read_text()
+    head, start, rest = text.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not (start and end):
+        print(f"{doc}: no {TABLE_START} ... {TABLE_END} markers: table not written")
+        return
+    table = "\n".join([HEADER, *(table_row(row) for row in rows)])
+    doc.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+
+
 def publish(out_dir: Path, steps: int, rows: list[dict[str, Any]]) -> None:
-    """``fidelity.json`` (every row) and ``fidelity.png`` (top-1 agreement per model, mesh and precision)."""
+    """``fidelity.json`` (every row), ``fidelity.png`` (top-1 agreement per model, mesh and precision)
+    and the table of ``precision-fidelity.md``."""
+    rows = sorted(rows, key=table_order)
     groups: dict[str, dict[str, float]] = {}
     for row in rows:
         groups.setdefault(f"{row['model']} {row['mesh']}", {})[row["precision"]] = round(row["top1_rate"] * 100, 1)
-    write_results(out_dir, "fidelity", {"steps": steps, "prompts": PROMPTS, "policies": SIMULATED_POLICIES,
-                                        "rows": rows},
+    write_results(out_dir, "fidelity", {"steps": steps, "prompts": PROMPTS, "rows": rows},
                   {"": {"groups": groups, "title": f"greedy top-1 agreement with transformers ({steps} steps)",
                         "ylabel": "% of steps", "value_format": "{:.0f}"}})
+    write_table(out_dir / DOC, rows)
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
