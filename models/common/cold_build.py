@@ -187,6 +187,10 @@ class ColdBuild:
         try:
             if self.sidecar is not None:
                 self.sidecar.exception()  # the generation goes only once its writer is done with it
+            if kind is not None:  # the checkpoint's descriptors go before a failed generation is deleted:
+                for opened in (self.reader, self.proof):  # a build that ran out of them can still clean up
+                    if opened is not None:
+                        opened.close()
         finally:
             self._stack.close()
 
