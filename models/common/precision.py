@@ -332,6 +332,17 @@ def _dtype(value: Any, where: str) -> str:
     return dtype
 
 
+def _group_dtypes(settings: dict, where: str, groups: tuple[str, ...], family: str | None) -> dict[str, str]:
+    """A file's ``{group: dtype}`` in our names; groups tt-transformers has and we store nothing
+    of (``KV_CACHE``, ``ACTIVATION``) are left out."""
+    dtypes = {}
+    for name, value in settings.items():
+        group = _group(name, where, groups, family)
+        if group is not None:
+            dtypes[group] = _dtype(value, f"{where}.{name}")
+    return dtypes
+
+
 def _group(name: Any, where: str, groups: tuple[str, ...], family: str | None) -> str | None:
     """Our name of a group (None for one that stores no weight); an unknown one is bad input."""
     if name in TT_RUNTIME_GROUPS:
@@ -366,11 +377,7 @@ def _read_policy_file(path: Path, groups: tuple[str, ...], family: str | None = 
     whole = body.get("groups", {})
     if not isinstance(whole, dict):
         raise PolicyError(f"{path}: 'groups' must map tensor groups to dtypes")
-    settings = {}
-    for name, value in whole.items():
-        group = _group(name, f"{path}: groups", groups, family)
-        if group is not None:
-            settings[group] = _dtype(value, f"{path}: groups.{name}")
+    settings = _group_dtypes(whole, f"{path}: groups", groups, family)
     listed = body.get("decoders", {})
     if not isinstance(listed, dict):
         raise PolicyError(f"{path}: 'decoders' must map decoder numbers to settings")
@@ -383,11 +390,7 @@ def _read_policy_file(path: Path, groups: tuple[str, ...], family: str | None = 
         cfg = entry.get("precision_cfg", {})
         if not isinstance(cfg, dict):
             raise PolicyError(f"{where}.precision_cfg: expected {{group: dtype}}")
-        over = {}
-        for name, value in cfg.items():
-            group = _group(name, f"{where}.precision_cfg", groups, family)
-            if group is not None:
-                over[group] = _dtype(value, f"{where}.precision_cfg.{name}")
+        over = _group_dtypes(cfg, f"{where}.precision_cfg", groups, family)
         if any(g not in DECODER_GROUPS for g in over):
             raise PolicyError(f"{where}: only {', '.join(DECODER_GROUPS)} are set per decoder")
         if "precision_cfg" in entry:

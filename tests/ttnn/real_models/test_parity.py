@@ -74,11 +74,17 @@ def snapshot(model: KnownModel) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(model: KnownModel, snapshot: Path, tmp_path_factory) -> Expected:
-    out = tmp_path_factory.mktemp("transformers") / "expected.pt"
+    return Expected(**transformers_reference(model, snapshot, tmp_path_factory.mktemp("transformers"), STEPS))
+
+
+def transformers_reference(model: KnownModel, snapshot: Path, scratch: Path, steps: int) -> dict:
+    """transformers' logits and ``steps`` greedy tokens for each of the model's prompts, computed
+    in a child process (its own float32 torch, no hub)."""
+    out = scratch / "expected.pt"
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
     subprocess.run([sys.executable, "-m", "tests.ttnn.real_models.transformers_side", str(snapshot), model.name, str(out),
-                    str(STEPS), *PROMPTS[model.chat]], cwd=REPO_ROOT, env=env, check=True, timeout=1800)
-    return Expected(**torch.load(out))
+                    str(steps), *PROMPTS[model.chat]], cwd=REPO_ROOT, env=env, check=True, timeout=1800)
+    return torch.load(out)
 
 
 def warm_after_cold(model: KnownModel, snapshot: Path, cache_root: Path, precision: str, mesh: tuple[int, int]):

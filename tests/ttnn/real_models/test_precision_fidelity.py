@@ -14,22 +14,17 @@ exactness (the reasons beside each). Every case is ``slow``: they run in the rea
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from models.common.precision import group_of
 from models.common.reference import ReferenceDecoder
 from models.demos.real_models.known import KnownModel
 from models.demos.real_models.prepare import prepare_model
-from models.testing import REPO_ROOT
 from tests.ttnn.real_models.conftest import model_params
-from tests.ttnn.real_models.test_parity import PROMPTS, pcc, warm_after_cold
+from tests.ttnn.real_models.test_parity import pcc, transformers_reference, warm_after_cold
 
 STEPS = 32
 
@@ -68,11 +63,7 @@ def snapshot(model: KnownModel) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(model: KnownModel, snapshot: Path, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("transformers") / "expected.pt"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
-    subprocess.run([sys.executable, "-m", "tests.ttnn.real_models.transformers_side", str(snapshot), model.name,
-                    str(out), str(STEPS), *PROMPTS[model.chat]], cwd=REPO_ROOT, env=env, check=True, timeout=1800)
-    return torch.load(out)
+    return transformers_reference(model, snapshot, tmp_path_factory.mktemp("transformers"), STEPS)
 
 
 def stored_dtypes(warm) -> dict[str, set[str]]:
