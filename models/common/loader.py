@@ -261,9 +261,9 @@ class WeightLoader(ABC):
         """A cold cache of this checkpoint: the shared store (``$TT_CACHE_REMOTE``) may hold this
         exact variant; pull it (:mod:`models.common.weight_cache.remote.cold_start`)."""
         return pull_on_cold_start(
-            self.cache_dir, model_name=self.model_name,
+            self.paths, model_name=self.model_name,
             content_id=self.content_id if self.has_checkpoint_weights else None, n_layers=args.n_layers,
-            mesh_shape=self.mesh_shape, components=self.components, build_variant=self.build_variant)
+            mesh_shape=self.mesh_shape, components=self.components)
 
     def _pull_cache_only(self) -> None:
         """A cache-only deploy with no warm cache of its model id here: the shared store

@@ -29,6 +29,7 @@ from loguru import logger
 
 from models.common import envs
 from models.common.checkpoint import CheckpointError
+from models.common.weight_cache.layout import VariantPaths
 from models.common.weight_cache.remote.after_build import HIT, MISS, UNAVAILABLE, record_ask
 from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest, trusted_manifests_of_model
 from models.common.weight_cache.remote.store_layout import identity_key, model_key
@@ -42,10 +43,11 @@ class StoreCannotServe(CheckpointError):
     is the store's answer and what to do, complete as it is."""
 
 
-def pull_on_cold_start(cache_dir: Path, *, model_name: str, content_id: str | None, n_layers: int, mesh_shape: Any,
-                       components: Any, build_variant: Any) -> bool:
-    """Pull this exact variant into ``cache_dir`` from ``$TT_CACHE_REMOTE``; whether it is warm now.
-    The variant is this process's (its ttnn version and the tensorbin format it writes, probed)."""
+def pull_on_cold_start(paths: VariantPaths, *, model_name: str, content_id: str | None, n_layers: int,
+                       mesh_shape: Any, components: Any) -> bool:
+    """Pull this exact variant into ``paths.cache_dir`` from ``$TT_CACHE_REMOTE``; whether it is warm
+    now. The variant is this process's (its ttnn version and the tensorbin format it writes, probed)."""
+    cache_dir, build_variant = paths.cache_dir, paths.build_variant
     url = envs.TT_CACHE_REMOTE
     if not url or content_id is None:
         return False
