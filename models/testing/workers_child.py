@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,11 @@ def chunk_seconds(checkpoint: str, loader) -> float:
 def interrupt(checkpoint: str, cache_root: str, workers: int, precision: str) -> None:
     loader = _loader(checkpoint, cache_root, workers, precision)
     print("CHUNK " + json.dumps({"seconds": chunk_seconds(checkpoint, loader)}), flush=True)
+    # Ctrl-C as in a terminal, whatever this process inherited: a job a shell without job control
+    # starts in the background gets SIGINT ignored (Python then installs no handler), and a parent
+    # that blocked it in its main thread passes the blocked mask on through exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         loader.seed()
     except KeyboardInterrupt:
