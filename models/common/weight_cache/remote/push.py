@@ -137,6 +137,9 @@ def push_variant(paths: VariantPaths, marker: WeightCacheMarker, store: Store, *
                 progress.finish()
 
         resent = _resend_lost(paths, store, wanted, threads)  # the check; and a gc may have deleted one
+        if resent:  # a gc is deleting what no manifest names yet: let it end, then send what it took
+            wait_for_collectors(store)
+            resent += _resend_lost(paths, store, wanted, threads)
         stored = store.list_sizes(objects_prefix()) if resent else {}
         short = [r.path for digest, r in wanted.items() if resent and stored.get(object_key(digest)) != r.bytes]
         if short:
