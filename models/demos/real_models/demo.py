@@ -170,15 +170,12 @@ def mesh_shape(text: str) -> str:
 
 
 def store_url(text: str) -> str:
-    """``--remote``: a URL a store can be opened from (checked before anything starts; nothing is contacted)."""
-    from models.common.weight_cache.remote.stores import RemoteStoreError
-    from models.common.weight_cache.remote.urls import open_store
-
+    """``--remote``: a store URL by the rule ``$TT_CACHE_REMOTE`` has in the one table (checked before
+    anything starts; nothing is contacted)."""
     try:
-        open_store(text)
-    except RemoteStoreError as error:
+        return envs.ENVIRONMENT_VARIABLES["TT_CACHE_REMOTE"].kind.parse("--remote", text)
+    except envs.BadValue as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return text
 
 
 def check_layout(model: KnownModel, snapshot: Path, mesh: str, precision: str) -> None:

@@ -126,3 +126,10 @@ def test_config_and_tokenizer_without_a_store_is_one_line_naming_remote(seaweed,
     assert "holds smollm2-135m's config and tokenizer but not its weights: name the shared store" in line, line
     assert "(--remote URL, or TT_CACHE_REMOTE)" in line, line
     assert not (fresh_machine / "home").exists() or not list((fresh_machine / "home").rglob("*.tensorbin"))
+
+
+def test_a_malformed_store_url_is_one_line_by_the_tables_rule(seaweed, fresh_machine):
+    """``--remote`` is checked by the rule ``$TT_CACHE_REMOTE`` has in the environment table."""
+    line = one_line(demo("--remote", "ftp://somewhere/x", env=fresh_env(seaweed, fresh_machine)))
+    assert "--remote='ftp://somewhere/x': expected s3://BUCKET[/PREFIX]" in line, line
+    assert not (fresh_machine / "home").exists() or not list((fresh_machine / "home").rglob("*.tensorbin"))
