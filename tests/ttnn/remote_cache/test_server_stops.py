@@ -37,12 +37,13 @@ from models.common.weight_cache.remote.store_layout import (
     object_key,
 )
 from models.common.weight_cache.remote.stores import DirectoryStore, RemoteStoreError
-from models.common.weight_cache.remote.transfer import PART_SUFFIX, RANGE_BYTES, fetch_object, verified_parts
+from models.common.weight_cache.remote.transfer import PART_SUFFIX, fetch_object, verified_parts
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import free_ports, kill_seaweed, restart_seaweed, running_seaweed
 from models.testing.tt_cache import REPO_ROOT, cli_env, error_line
 
-LARGE = 8 * RANGE_BYTES + 12345  # eight ranged reads and a bit: the kill lands amid them
+FIRST_BYTES = 16 << 20  # the server is killed once the part file holds this much
+LARGE = 8 * FIRST_BYTES + 12345  # ... with most of the object still to come
 
 
 @dataclasses.dataclass
@@ -127,7 +128,7 @@ def _serving(server: Server, variant: LargeVariant) -> None:
 
 def _pull_then_kill_the_server(server: Server, variant: LargeVariant, root: Path, **env: str):
     """``tt-cache pull`` of the variant into ``root``, and the server SIGKILLed as soon as the large
-    object's part file holds a verified range with more to come. (the running pull, the part's size then)"""
+    object's part file holds its first bytes with more to come. (the running pull, the part's size then)"""
     _serving(server, variant)
     return _pull_then_kill(variant, root, server.env(TT_CACHE_PATH=str(root), **env),
                            lambda: kill_seaweed(server.current))
@@ -139,11 +140,11 @@ def _pull_then_kill(variant: LargeVariant, root: Path, env: dict[str, str], kill
                              "--threads", "1", "--progress-every", "0", "--json"],
                             env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while (size := part.stat().st_size if part.exists() else 0) < RANGE_BYTES:
-        assert pull.poll() is None and time.monotonic() < deadline, "the pull never fetched a range"
+    while (size := part.stat().st_size if part.exists() else 0) < FIRST_BYTES:
+        assert pull.poll() is None and time.monotonic() < deadline, "the pull never fetched the object's start"
         time.sleep(0.002)
     kill()
-    assert size < LARGE - RANGE_BYTES, size  # the kill landed amid the ranges
+    assert size < LARGE - FIRST_BYTES, size  # the kill landed amid the object
     return pull, size
 
 

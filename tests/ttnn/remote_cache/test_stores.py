@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The store backends keep one contract on a real S3 server (SeaweedFS), a directory and that
 directory served over HTTP: a key written exclusive is never replaced, an upload whose bytes are
-not its digest leaves nothing (multipart included), ranged reads resume a download, and a store
+not its digest leaves nothing (multipart included), a download resumes from its prefix, and a store
 that cannot be used is one line naming it, never a credential."""
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ import pytest
 
 from models.common.weight_cache.remote.s3 import S3Store
 from models.common.weight_cache.remote.store_layout import object_key
-from models.common.weight_cache.remote.stores import DirectoryStore, HttpStore, ObjectMissing, StoreUnavailable
-from models.common.weight_cache.remote.transfer import (
-    RANGE_BYTES,
-    RANGE_THREADS,
-    DigestMismatch,
-    RangeBuffers,
-    fetch_object,
-    verified_parts,
+from models.common.weight_cache.remote.stores import (
+    DirectoryStore,
+    HttpStore,
+    ObjectMissing,
+    StoreUnavailable,
+    read_through,
 )
+from models.common.weight_cache.remote.transfer import PIECE_BYTES, DigestMismatch, fetch_object, verified_parts
 from models.common.weight_cache.remote.urls import open_store
 from models.testing.object_store import SECRET_KEY, free_ports, serve_directory
 
@@ -152,10 +151,10 @@ def test_a_download_resumes_with_a_range_request_and_checks_the_whole_object(tmp
 
 
 @pytest.mark.parametrize("backend", ["http", "s3", "directory"])
-def test_a_large_object_comes_as_ranged_reads_in_order_and_resumes_from_its_prefix(backend, request, tmp_path):
-    """More than two ranges left: ranged reads, several in flight, hashed and written in order;
-    a resume asks only for the rest, and a range the store answers wrongly keeps nothing."""
-    size = 2 * RANGE_BYTES + 3 * MiB + 7
+def test_a_large_object_comes_as_one_stream_and_resumes_from_its_prefix(backend, request, tmp_path):
+    """An object of many pieces: one read from where the part file ends (over HTTP: one range
+    request for the rest), hashed and written in order; a byte the store holds wrong keeps nothing."""
+    size = 5 * PIECE_BYTES + 3 * MiB + 7
     root = tmp_path / "mirror"
     source, digest = _file(tmp_path / "blob", size, seed=5)
     data = source.read_bytes()
@@ -169,13 +168,11 @@ def test_a_large_object_comes_as_ranged_reads_in_order_and_resumes_from_its_pref
         staged, fetched = fetch_object(reader, digest, size, staging)
         assert fetched == size - MiB and staged.read_bytes() == data
         if backend == "http":
-            asked = sorted((wanted for path, wanted in http.ranges if path == f"/{object_key(digest)}"),
-                           key=lambda wanted: int(wanted[6:].partition("-")[0]))  # in flight together: any order
-            assert asked == [f"bytes={first}-{min(first + RANGE_BYTES, size) - 1}" for first in range(MiB, size, RANGE_BYTES)]
-        if backend == "directory":  # one range's bytes wrong in the store: refused, nothing kept
+            assert [wanted for path, wanted in http.ranges if path == f"/{object_key(digest)}"] == [f"bytes={MiB}-"]
+        if backend == "directory":  # a byte wrong in the store: refused, nothing kept
             staged.unlink()
             damaged = bytearray(data)
-            damaged[RANGE_BYTES + 5] ^= 0xFF
+            damaged[3 * PIECE_BYTES + 5] ^= 0xFF
             (root / object_key(digest)).write_bytes(damaged)
             with pytest.raises(DigestMismatch):
                 fetch_object(reader, digest, size, staging)
@@ -216,55 +213,26 @@ def _time_wait_to(port: int) -> int:
     return sum(1 for line in lines if line.split()[2].endswith(f":{port:04X}") and line.split()[3] == "06")
 
 
-def test_an_s3_range_is_received_into_the_callers_buffer_on_a_kept_connection(seaweed, s3_url, tmp_path):
+@pytest.mark.parametrize("backend", ["s3", "directory"])
+def test_a_read_through_fills_the_callers_buffer_and_an_s3_connection_is_kept(backend, request, seaweed, tmp_path):
+    """Every piece is a view of the caller's one buffer (no ``bytes`` per piece), from any offset;
+    over S3 the body is received from the socket and the connection goes back to the pool."""
     size = 3 * MiB + 5
     source, digest = _file(tmp_path / "blob", size, seed=9)
     data = source.read_bytes()
-    store = open_store(s3_url)
+    store = open_store(request.getfixturevalue("s3_url")) if backend == "s3" else DirectoryStore(tmp_path / "s", create=True)
     store.upload(object_key(digest), verified_parts(source, digest, size), size)
     port = int(seaweed.endpoint.rpartition(":")[2])
-    buffer = bytearray(MiB)
+    buffer = bytearray(256 << 10)
     closed_before = _time_wait_to(port)
-    for first in range(0, size, MiB):
-        want = min(MiB, size - first)
-        assert store.read_into(object_key(digest), first, memoryview(buffer)[:want]) == want
-        assert buffer[:want] == data[first:first + want]
-    assert _time_wait_to(port) == closed_before  # every range read to its end: the connection went back to the pool
+    for start in (0, MiB + 3, size - 1):
+        pieces = list(read_through(store, object_key(digest), start, memoryview(buffer)))
+        assert all(isinstance(piece, memoryview) and piece.obj is buffer for piece in pieces)
+        assert sum(len(piece) for piece in pieces) == size - start
+    received = bytearray()
+    for piece in read_through(store, object_key(digest), MiB, memoryview(buffer)):
+        received += piece
+    assert received == data[MiB:]
+    assert _time_wait_to(port) == closed_before  # every body read to its end: the connection went back to the pool
     with pytest.raises(ObjectMissing):
-        store.read_into(object_key("0" * 64), 0, memoryview(buffer))
-
-
-class CountingBuffers(RangeBuffers):
-    """The pull's buffer pool, counting the buffers it had to make."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.made = 0
-
-    def take(self) -> bytearray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        self.made += 1
-        return bytearray(RANGE_BYTES)
-
-
-@pytest.mark.parametrize("backend", ["s3", "directory"])
-def test_ranged_reads_reuse_the_pulls_buffers_from_object_to_object(backend, request, tmp_path):
-    """Buffers are made only for the reads in flight and come back after each object, whatever
-    the store: a second large object is fetched without a new one."""
-    store = (open_store(request.getfixturevalue("s3_url")) if backend == "s3"
-             else DirectoryStore(tmp_path / "s", create=True))
-    buffers = CountingBuffers()
-    staging = tmp_path / "staging"
-    made_for_first = 0
-    for seed in (1, 2):
-        size = 7 * RANGE_BYTES + 3
-        source, digest = _file(tmp_path / f"blob{seed}", size, seed=seed)
-        store.upload(object_key(digest), verified_parts(source, digest, size), size)
-        staged, fetched = fetch_object(store, digest, size, staging, buffers)
-        assert fetched == size and staged.read_bytes() == source.read_bytes()
-        assert 0 < buffers.made <= RANGE_THREADS + 2 and len(buffers._free) == buffers.made  # in flight, queued, consumed
-        if seed == 1:
-            made_for_first = buffers.made
-    assert buffers.made == made_for_first
+        list(read_through(store, object_key("0" * 64), 0, memoryview(buffer)))

@@ -73,7 +73,6 @@ from models.common.weight_cache.remote.stores import (
     StoreUnavailable,
 )
 from models.common.weight_cache.remote.transfer import (
-    RangeBuffers,
     TransferProgress,
     fetch_object,
     run_all,
@@ -270,17 +269,14 @@ def _pull_into(store: Store, manifest: Manifest, paths: VariantPaths, progress: 
         if progress is not None:
             progress.start(len(objects), manifest.total_bytes)
 
-        buffers = RangeBuffers()  # the pull's: reused from object to object, dropped with it
-
         def fetch(item: tuple[str, int]) -> int:
             digest, size = item
-            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects, buffers),
-                                  object_key(digest))
+            _, fetched = retrying(lambda: fetch_object(store, digest, size, paths.pulled_objects), object_key(digest))
             if progress is not None:
                 progress.weight_done(digest[:16], size)
             return fetched
 
-        try:
+        try:  # the largest first: it is never alone at the end
             fetched = run_all(fetch, sorted(objects.items(), key=lambda item: -item[1]), threads)
         finally:
             if progress is not None:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,6 @@ from models.common.weight_cache.remote.stores import (
     ObjectMissing,
     RemoteStoreError,
     StoredKey,
-    StoreIntegrityError,
     StoreUnavailable,
     StoreUnreachable,
 )
@@ -140,33 +140,55 @@ class S3Store:
             return None
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        answer = self._get(key, start, end)
+        if answer is None:
+            return
+        with contextlib.closing(answer["Body"]) as body, self._errors(key):
+            yield from body.iter_chunks(READ_CHUNK)
+
+    def _get(self, key: str, start: int = 0, end: int | None = None) -> dict[str, Any] | None:
+        """The GET of ``key`` from ``start`` (to ``end``, exclusive); None when a resumed download
+        asks from the very end of the object (it has every byte already)."""
         extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
         try:
             with self._errors(key):
-                body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)["Body"]
+                return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
         except RemoteStoreError as error:
             if start and "InvalidRange" in str(error) and self.size(key) == start:
-                return  # a resumed download that already has every byte
+                return None
             raise
-        with contextlib.closing(body), self._errors(key):
-            yield from body.iter_chunks(READ_CHUNK)
 
-    def read_into(self, key: str, start: int, view: memoryview) -> int:
-        """One ranged GET of ``len(view)`` bytes from ``start``, read from the socket straight into
-        ``view`` (see :func:`_read_body_into`); the count read. An answer longer than asked is refused."""
-        asked = f"bytes={start}-{start + len(view) - 1}"
-        with self._errors(key):
-            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=asked)
+    def read_through(self, key: str, start: int, buffer: memoryview) -> Iterator[bytes | memoryview]:
+        """One GET of ``key`` from ``start``, its body received from the socket straight into
+        ``buffer`` piece by piece (see :func:`~models.common.weight_cache.remote.stores.read_through`).
+
+        botocore's and urllib3's ``read`` make a new ``bytes`` per read and copy it: a fresh
+        allocation and a page fault per 4 KiB. When the body is urllib3's response over
+        ``http.client``'s (every botocore so far), its ``readinto`` fills ``buffer``; a body cut
+        short of the length the server announced is a broken transfer (http.client ends it
+        quietly), and the connection goes back to the pool once the body was read to its end, as
+        urllib3 does itself. Any other body is read through botocore. The caller checks the size
+        and the digest whatever the path."""
+        answer = self._get(key, start)
+        if answer is None:
+            return
         body = answer["Body"]
-        promised = int(answer.get("ContentLength", -1))
+        raw = getattr(body, "_raw_stream", None)
+        socket_body = getattr(raw, "_fp", None)
         with contextlib.closing(body), self._errors(key):
-            if promised > len(view):
-                raise StoreIntegrityError(f"{self.url}{key}: answered {promised:,} bytes to {asked}")
-            filled = _read_body_into(body, view)
-        if filled < promised:  # http.client ends a cut body quietly: a store that stopped, not a short object
-            raise StoreUnreachable(f"{self.url}{key}: the download broke off after {filled:,} of the {promised:,} "
-                                   f"bytes the server announced")
-        return filled
+            if not callable(getattr(socket_body, "readinto", None)) or not callable(getattr(raw, "release_conn", None)):
+                yield from body.iter_chunks(READ_CHUNK)
+                return
+            promised = int(answer.get("ContentLength", -1))
+            received = 0
+            while count := _receive(socket_body, buffer, self.url + key):
+                received += count
+                yield buffer[:count]
+            if received < promised:
+                raise StoreUnreachable(f"{self.url}{key}: the download broke off after {received:,} of the "
+                                       f"{promised:,} bytes the server announced")
+            if socket_body.isclosed():  # read to its end: the connection is reusable
+                raw.release_conn()
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
         try:
@@ -270,21 +292,9 @@ def _in_parts(chunks: Iterable[bytes], part_bytes: int) -> Iterator[bytes]:
         yield bytes(pending)
 
 
-def _read_body_into(body: Any, view: memoryview) -> int:
-    """Fill ``view`` from a botocore ``StreamingBody``; the count read (short at the body's end).
-
-    botocore's and urllib3's ``readinto`` read a new ``bytes`` and copy it: a fresh allocation per
-    read, a page fault per 4 KiB of it. When the body is urllib3's response over ``http.client``'s
-    (every botocore so far), its ``readinto`` receives straight into ``view``; the connection goes
-    back to the pool once the body was read to its end, as urllib3 does itself. The caller checks
-    the count and the digest whatever the path."""
-    raw = getattr(body, "_raw_stream", None)
-    socket_body = getattr(raw, "_fp", None)
-    if not callable(getattr(socket_body, "readinto", None)) or not callable(getattr(raw, "release_conn", None)):
-        socket_body = body
-    filled = 0
-    while filled < len(view) and (count := socket_body.readinto(view[filled:])):
-        filled += count
-    if socket_body is not body and socket_body.isclosed():  # read to its end: the connection is reusable
-        raw.release_conn()
-    return filled
+def _receive(socket_body: Any, buffer: memoryview, where: str) -> int:
+    """One ``readinto`` of an ``http.client`` body; a connection that dropped is a broken transfer."""
+    try:
+        return socket_body.readinto(buffer)
+    except (http.client.HTTPException, OSError) as error:
+        raise StoreUnreachable(f"{where}: the download broke off ({type(error).__name__})") from None

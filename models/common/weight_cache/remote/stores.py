@@ -112,21 +112,15 @@ class Store(Protocol):
         ...
 
 
-def read_range_into(store: Store, key: str, start: int, view: memoryview) -> int:
-    """``key``'s bytes from ``start`` into ``view`` (at most ``len(view)``); how many came. A store
-    with a ``read_into`` of its own reads straight into the view; any other is copied from
-    :meth:`Store.read`'s chunks. More than ``len(view)`` bytes is the store's fault."""
-    read_into = getattr(store, "read_into", None)
-    if read_into is not None:
-        return read_into(key, start, view)
-    filled = 0
-    for chunk in store.read(key, start=start, end=start + len(view)):
-        if filled + len(chunk) > len(view):
-            raise StoreIntegrityError(f"{store.url}: {key} answered more than the {len(view):,} bytes "
-                                      f"asked at {start:,}")
-        view[filled:filled + len(chunk)] = chunk
-        filled += len(chunk)
-    return filled
+def read_through(store: Store, key: str, start: int, buffer: memoryview) -> Iterator[bytes | memoryview]:
+    """``key``'s bytes from ``start`` on, in order, each piece received into ``buffer`` and yielded
+    as a view of it, valid until the next is asked for (no ``bytes`` per piece, and a piece small
+    enough to be hashed and written while it is still in the CPU's cache). A store without a
+    ``read_through`` of its own yields :meth:`Store.read`'s chunks."""
+    own = getattr(store, "read_through", None)
+    if own is not None:
+        return own(key, start, buffer)
+    return store.read(key, start=start)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,19 +176,28 @@ class DirectoryStore:
         except FileNotFoundError:
             return None
 
-    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def _open_read(self, key: str):  # noqa: ANN202 - a binary file
         try:
-            stream = open(self._path(key), "rb")  # noqa: SIM115 - closed by the generator
+            return open(self._path(key), "rb", buffering=0)  # noqa: SIM115 - the caller's to close
         except FileNotFoundError:
             raise ObjectMissing(f"{self.url}: {key} is missing") from None
         except OSError as error:
             raise StoreUnavailable(f"{self.url}: cannot read {key} ({error.strerror})") from None
-        with stream:
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        with self._open_read(key) as stream:
             stream.seek(start)
             left = -1 if end is None else end - start
             while left and (chunk := stream.read(READ_CHUNK if left < 0 else min(READ_CHUNK, left))):
                 left -= len(chunk) if left > 0 else 0
                 yield chunk
+
+    def read_through(self, key: str, start: int, buffer: memoryview) -> Iterator[memoryview]:
+        """See :func:`read_through`."""
+        with self._open_read(key) as stream:
+            stream.seek(start)
+            while count := stream.readinto(buffer):
+                yield buffer[:count]
 
     def read_small(self, key: str, max_bytes: int) -> bytes | None:
         try:

@@ -10,10 +10,14 @@ is now, not as the marker remembers it: a cache file changed since its build is 
 Each download strategy is one function, read top to bottom (after huggingface_hub's
 ``_download_to_tmp_and_move``).
 
-**Large objects in ranges**: one stream per object left the largest (an embedding, 1 GB) alone at
-the end of a pull, on one connection. An object of more than two :data:`RANGE_BYTES` is fetched as
-ranged reads, :data:`RANGE_THREADS` in flight; the ranges are hashed and written in order as they
-arrive, so the part file is always a hashed prefix (a kill resumes from it, as from one stream).
+**One stream per object, through one small buffer.** A download is one GET received piece by
+piece into a buffer of :data:`PIECE_BYTES`, each piece hashed and written while it is still in the
+CPU's cache, in order, so the part file is always a hashed prefix (a kill resumes from it with a
+range request). Ranged reads of 16 MiB, several in flight, received into 16 MiB buffers and
+hashed and written in order, were tried: every byte then went through memory three times and the
+transfers queued for the GIL, and a 4.8 GB pull took 1.3x as long as this (side by side,
+``scripts/bench_remote.py``). A pull moves :data:`~.stores.TRANSFER_THREADS` objects at once,
+the largest first, so the largest is never alone at the end.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -32,11 +34,10 @@ import blake3
 
 from models.common.fileio import HASH_READ_BYTES, fsync_dir, write_all
 from models.common.weight_cache.remote.store_layout import object_key
-from models.common.weight_cache.remote.stores import Store, StoreIntegrityError, read_range_into
+from models.common.weight_cache.remote.stores import Store, StoreIntegrityError, read_through
 
 PART_SUFFIX = ".part"
-RANGE_BYTES = 16 << 20  # one ranged read of a large object
-RANGE_THREADS = 4  # ranges of one object in flight (memory: RANGE_THREADS + 2 ranges per object)
+PIECE_BYTES = 1 << 20  # a download's buffer: one receive, hashed and written while in the CPU's cache
 _STAGED_NAME = re.compile(r"[0-9a-f]{64}(?:\.part)?")
 T = TypeVar("T")
 
@@ -83,8 +84,7 @@ def is_staged_name(name: str) -> bool:
     return _STAGED_NAME.fullmatch(name) is not None
 
 
-def fetch_object(store: Store, digest: str, size: int, staging: Path,
-                 buffers: RangeBuffers | None = None) -> tuple[Path, int]:
+def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[Path, int]:
     """One object into ``staging/<digest>``, verified; returns (its path, bytes fetched now).
 
     1. Staged already (a pull killed after it): hashed again, kept when it is still the object.
@@ -109,7 +109,8 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path,
         os.ftruncate(fd, have)  # a torn tail beyond what was hashed is dropped
         os.lseek(fd, have, os.SEEK_SET)
         fetched = 0
-        for chunk in _pieces(store, digest, have, size, part, buffers or RangeBuffers()):
+        buffer = memoryview(bytearray(PIECE_BYTES))
+        for chunk in read_through(store, object_key(digest), have, buffer) if have < size else ():
             if have + fetched + len(chunk) > size:
                 raise _mismatch(part, store, digest, f"is longer than the manifest's {size:,} bytes")
             hasher.update(chunk)
@@ -125,75 +126,6 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path,
     os.replace(part, final)
     fsync_dir(staging)
     return final, fetched
-
-
-def _pieces(store: Store, digest: str, start: int, size: int, part: Path,
-            buffers: RangeBuffers) -> Iterator[bytes | memoryview]:
-    """The object's bytes from ``start`` on, in order: one stream, or (more than two ranges left)
-    ranged reads, :data:`RANGE_THREADS` in flight, each read straight into a buffer of ``buffers``
-    and yielded whole once it arrived (the buffer is reused once the consumer asks for the next)."""
-    key = object_key(digest)
-    if size - start <= 2 * RANGE_BYTES:
-        yield from store.read(key, start=start) if start < size else ()
-        return
-
-    def fetch(first: int) -> bytearray:
-        want = min(first + RANGE_BYTES, size) - first
-        buffer = buffers.take()
-        try:
-            filled = read_range_into(store, key, first, memoryview(buffer)[:want])
-        except BaseException:
-            buffers.give(buffer)
-            raise
-        if filled != want:
-            buffers.give(buffer)
-            raise _mismatch(part, store, digest, f"is shorter than the manifest's {size:,} bytes")
-        return buffer
-
-    firsts = iter(range(start, size, RANGE_BYTES))
-    with ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="range") as pool:
-        pending = deque(pool.submit(fetch, first) for _, first in zip(range(RANGE_THREADS + 1), firsts))
-        held: bytearray | None = None
-        try:
-            first = start
-            while pending:
-                data = pending.popleft().result()
-                if held is not None:
-                    buffers.give(held)
-                held = data
-                if (following := next(firsts, None)) is not None:
-                    pending.append(pool.submit(fetch, following))
-                yield memoryview(data)[:min(RANGE_BYTES, size - first)]
-                first += RANGE_BYTES
-        finally:
-            for future in pending:
-                future.cancel()
-            for future in pending:  # a range read under way still holds its buffer: back once it ends
-                with contextlib.suppress(BaseException):
-                    if not future.cancelled():
-                        buffers.give(future.result())
-            if held is not None:
-                buffers.give(held)
-
-
-class RangeBuffers:
-    """Buffers of :data:`RANGE_BYTES` for ranged reads, reused for the whole of one pull: a range is
-    received straight into one (no ``bytes`` per read, no copy, no fresh pages to fault in). Never
-    more than one large object has at once: ``RANGE_THREADS + 1`` read or queued, one being written."""
-
-    def __init__(self) -> None:
-        self._free: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> bytearray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return bytearray(RANGE_BYTES)
-
-    def give(self, buffer: bytearray) -> None:
-        with self._lock:
-            self._free.append(buffer)
 
 
 def _hash_prefix(fd: int, hasher: blake3.blake3, size: int) -> int:
