@@ -15,8 +15,11 @@ a model's shapes from ``models.testing.model_shapes``), then, ``--repeat`` round
   durable, the marker last) against ``s5cmd cp`` back followed by ``sync`` (the same durability);
   the page cache is dropped before each pull when this runs as root;
 * **a second push** of the unchanged variant: the bytes it sends (none) and its time;
-* **a new machine to a warm start**: ``tt-cache pull`` then a warm ``load()``, each a fresh process,
-  against the cold build from the checkpoint (a fresh process); page cache dropped before each.
+* **a new machine to a warm start**, the cache-only deploy: a copy of the checkpoint dir without its
+  weights (config and tokenizer), an empty cache root and ``TT_CACHE_REMOTE`` set; one fresh
+  ``load()`` process pulls the variant and loads it warm. Against the cold build from the checkpoint
+  (a fresh process); page cache dropped before each. Also ``tt-cache pull`` then a warm ``load()``
+  of the checkpoint itself (two processes; the second hashes the checkpoint to know its variant).
 
 Throughput is MiB of the variant per second (the median round); a ratio is ours over s5cmd's (the
 target: >= 0.9). The machine's load average is recorded: other work on it moves every figure.
@@ -58,14 +61,26 @@ def drop_caches() -> bool:
 
 
 def checkpoint_of(case: str, workdir: Path, layers: int) -> tuple[Path, bool]:
-    """(checkpoint dir, made here: delete it after)."""
+    """(checkpoint dir, made here: delete it after). A shape's is laid out as a hub snapshot, so that
+    its model id (``shapes/<case>``) is the same wherever a copy of it is."""
     if case in REAL:
         from models.demos.real_models.prepare import prepare_model
 
         return Path(prepare_model(case)), False
     from models.testing.model_shapes import make_shaped_checkpoint
 
-    return Path(make_shaped_checkpoint(workdir / case, case, layers)), True
+    return Path(make_shaped_checkpoint(workdir / "hub" / f"models--shapes--{case}" / "snapshots" / "main", case, layers)), True
+
+
+def weightless_copy(checkpoint: Path, root: Path) -> Path:
+    """What a cache-only deploy has of ``checkpoint``: its files but the weights, at the same
+    hub-snapshot path under ``root`` (the same model id)."""
+    copy = root.joinpath(*checkpoint.parts[-4:])
+    copy.mkdir(parents=True)
+    for source in checkpoint.iterdir():
+        if source.is_file() and not source.name.endswith((".safetensors", ".safetensors.index.json")):
+            shutil.copyfile(source, copy / source.name)
+    return copy
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -75,11 +90,11 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def load_process(checkpoint: Path, precision: str, cache_root: Path) -> dict:
+def load_process(checkpoint: Path, precision: str, cache_root: Path, **env: str) -> dict:
     """A ``load()`` in a fresh process (``models.testing.seed_child``): its report and wall seconds."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "models.testing.seed_child", "load", str(checkpoint), precision,
-                           str(cache_root), "1x1"], cwd=REPO, env=child_env(), capture_output=True, text=True)
+                           str(cache_root), "1x1"], cwd=REPO, env=child_env(**env), capture_output=True, text=True)
     wall = time.perf_counter() - start
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SEED_REPORT ")]
     if proc.returncode or not lines:
@@ -134,7 +149,13 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
     start = time.perf_counter()
     (again,) = push_cache_dir(variant, store)
     second = {"seconds": time.perf_counter() - start, "bytes_sent": again.bytes_sent, "objects_sent": again.objects_sent}
-    # a new machine: an empty cache root, nothing in the page cache, fresh processes
+    # a new machine: config and tokenizer only, an empty cache root, nothing in the page cache, one process
+    deploy = weightless_copy(checkpoint, work / "deploy")
+    drop_caches()
+    cache_only = load_process(deploy, opts.precision, work / "deploy-cache",
+                              **server.client_env({}, TT_CACHE_REMOTE=store.url))
+    assert cache_only["warm_before"], "the cache-only deploy did not start warm from the store"
+    # the same with the checkpoint there: tt-cache pull, then a load that proves the checkpoint's variant
     drop_caches()
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "models.tt_cache.cli", "pull", "--from", store.url, pushed.variant_key,
@@ -150,8 +171,9 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
     return {"case": case, "precision": opts.precision, "variant_mib": mib, "objects": pushed.objects, "rounds": rounds, "median": median,
             "push_ratio": median["s5cmd push"] / median["push"], "pull_ratio": median["s5cmd pull + sync"] / median["pull"],
             "second_push": second, "cold_build_wall": cold["wall"], "cold_build_seconds": cold["seconds"],
-            "new_machine": {"pull_wall": pull_wall, "warm_load_wall": warm["wall"], "warm_load_seconds": warm["seconds"],
-                            "total": pull_wall + warm["wall"]}}
+            "new_machine": {"wall": cache_only["wall"], "seconds": cache_only["seconds"]},
+            "with_checkpoint": {"pull_wall": pull_wall, "warm_load_wall": warm["wall"],
+                                "warm_load_seconds": warm["seconds"], "total": pull_wall + warm["wall"]}}
 
 
 def label(row: dict) -> str:
@@ -161,24 +183,26 @@ def label(row: dict) -> str:
 def print_table(rows: list[dict]) -> None:
     print(f"\n### Shared store vs s5cmd (N150; SeaweedFS on loopback; {os.cpu_count()} cores; median round)")
     print("| case | variant | push / s5cmd cp (MiB/s) | ratio | pull / s5cmd cp + sync (MiB/s) | ratio | "
-          "second push (sent, s) | new machine: pull + warm load / cold build (s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "second push (sent, s) | new machine (config + tokenizer): pulled and warm / cold build (s) | "
+          "with the checkpoint: tt-cache pull + warm load (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        m, new = r["median"], r["new_machine"]
+        m, new, there = r["median"], r["new_machine"], r["with_checkpoint"]
         mib = r["variant_mib"]
         print(f"| {label(r)} | {mib:,.0f} MiB, {r['objects']} objects | {mib / m['push']:.0f} / {mib / m['s5cmd push']:.0f} | "
               f"{r['push_ratio']:.2f}x | {mib / m['pull']:.0f} / {mib / m['s5cmd pull + sync']:.0f} | {r['pull_ratio']:.2f}x | "
               f"{r['second_push']['bytes_sent']} B, {r['second_push']['seconds']:.2f} s | "
-              f"{new['pull_wall']:.1f} + {new['warm_load_wall']:.1f} = {new['total']:.1f} / {r['cold_build_wall']:.1f} |")
+              f"{new['wall']:.1f} / {r['cold_build_wall']:.1f} ({new['wall'] / r['cold_build_wall']:.2f}x) | "
+              f"{there['pull_wall']:.1f} + {there['warm_load_wall']:.1f} = {there['total']:.1f} |")
 
 
 def plot(rows: list[dict], path: Path) -> None:
     throughput = {label(r): {name: r["variant_mib"] / seconds for name, seconds in r["median"].items()} for r in rows}
-    start = {label(r): {"cold build (process)": r["cold_build_wall"], "tt-cache pull (process)": r["new_machine"]["pull_wall"],
-                         "then warm load (process)": r["new_machine"]["warm_load_wall"]} for r in rows}
+    start = {label(r): {"cold build (process)": r["cold_build_wall"],
+                         "new machine: pulled and warm (process)": r["new_machine"]["wall"]} for r in rows}
     figure(path, [
         Panel("bars", throughput, title="push and pull vs s5cmd (SeaweedFS, loopback)", ylabel="MiB/s of the variant"),
-        Panel("bars", start, title="a new machine: pull + warm load vs cold build", ylabel="seconds (wall)"),
+        Panel("bars", start, title="a new machine (config + tokenizer) vs cold build", ylabel="seconds (wall)"),
     ])
     print(f"wrote {path}")
 
