@@ -18,7 +18,7 @@ a model's shapes from ``models.testing.model_shapes``), then, ``--repeat`` round
 * **a new machine to a warm start**, the cache-only deploy: a copy of the checkpoint dir without its
   weights (config and tokenizer), an empty cache root and ``TT_CACHE_REMOTE`` set; one fresh
   ``load()`` process pulls the variant and loads it warm. Against the cold build from the checkpoint
-  (a fresh process); page cache dropped before each. Also ``tt-cache pull`` then a warm ``load()``
+  (a fresh process), alternating, ``--repeat`` rounds each (the median); page cache dropped before each. Also ``tt-cache pull`` then a warm ``load()``
   of the checkpoint itself (two processes; the second hashes the checkpoint to know its variant).
 
 Throughput is MiB of the variant per second (the median round); a ratio is ours over s5cmd's (the
@@ -149,12 +149,23 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
     start = time.perf_counter()
     (again,) = push_cache_dir(variant, store)
     second = {"seconds": time.perf_counter() - start, "bytes_sent": again.bytes_sent, "objects_sent": again.objects_sent}
-    # a new machine: config and tokenizer only, an empty cache root, nothing in the page cache, one process
+    # a new machine: config and tokenizer only, an empty cache root, nothing in the page cache, one
+    # process; alternating with cold builds from the checkpoint (the first was the one above)
     deploy = weightless_copy(checkpoint, work / "deploy")
-    drop_caches()
-    cache_only = load_process(deploy, opts.precision, work / "deploy-cache",
-                              **server.client_env({}, TT_CACHE_REMOTE=store.url))
-    assert cache_only["warm_before"], "the cache-only deploy did not start warm from the store"
+    starts: dict[str, list[float]] = {"cold build": [cold["wall"]], "new machine": []}
+    for index in range(opts.repeat):
+        if index:
+            drop_caches()
+            starts["cold build"].append(load_process(checkpoint, opts.precision, work / f"built-{index}")["wall"])
+            shutil.rmtree(work / f"built-{index}")
+        drop_caches()
+        cache_only = load_process(deploy, opts.precision, work / "deploy-cache",
+                                  **server.client_env({}, TT_CACHE_REMOTE=store.url))
+        assert cache_only["warm_before"], "the cache-only deploy did not start warm from the store"
+        starts["new machine"].append(cache_only["wall"])
+        shutil.rmtree(work / "deploy-cache")
+        print(f"  start {index + 1}: cold build {starts['cold build'][-1]:.1f} s, new machine {cache_only['wall']:.1f} s "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
     # the same with the checkpoint there: tt-cache pull, then a load that proves the checkpoint's variant
     drop_caches()
     start = time.perf_counter()
@@ -170,8 +181,8 @@ def bench_case(case: str, server, opts: argparse.Namespace) -> dict:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return {"case": case, "precision": opts.precision, "variant_mib": mib, "objects": pushed.objects, "rounds": rounds, "median": median,
             "push_ratio": median["s5cmd push"] / median["push"], "pull_ratio": median["s5cmd pull + sync"] / median["pull"],
-            "second_push": second, "cold_build_wall": cold["wall"], "cold_build_seconds": cold["seconds"],
-            "new_machine": {"wall": cache_only["wall"], "seconds": cache_only["seconds"]},
+            "second_push": second, "starts": starts, "cold_build_wall": statistics.median(starts["cold build"]),
+            "new_machine": {"wall": statistics.median(starts["new machine"])},
             "with_checkpoint": {"pull_wall": pull_wall, "warm_load_wall": warm["wall"],
                                 "warm_load_seconds": warm["seconds"], "total": pull_wall + warm["wall"]}}
 
