@@ -18,8 +18,9 @@ a model's shapes from ``models.testing.model_shapes``), then, ``--repeat`` round
 * **a new machine to a warm start**, the cache-only deploy: a copy of the checkpoint dir without its
   weights (config and tokenizer), an empty cache root and ``TT_CACHE_REMOTE`` set; one fresh
   ``load()`` process pulls the variant and loads it warm. Against the cold build from the checkpoint
-  (a fresh process), alternating, ``--repeat`` rounds each (the median); page cache dropped before each. Also ``tt-cache pull`` then a warm ``load()``
-  of the checkpoint itself (two processes; the second hashes the checkpoint to know its variant).
+  (a fresh process), alternating, ``--repeat`` rounds each (the median); page cache dropped before
+  each. Also ``tt-cache pull`` then a warm ``load()`` of the checkpoint itself (two processes; the
+  second hashes the checkpoint to know its variant).
 
 Throughput is MiB of the variant per second (the median round); a ratio is ours over s5cmd's (the
 target: >= 0.9). The machine's load average is recorded: other work on it moves every figure.
@@ -69,17 +70,15 @@ def checkpoint_of(case: str, workdir: Path, layers: int) -> tuple[Path, bool]:
         return Path(prepare_model(case)), False
     from models.testing.model_shapes import make_shaped_checkpoint
 
-    return Path(make_shaped_checkpoint(workdir / "hub" / f"models--shapes--{case}" / "snapshots" / "main", case, layers)), True
+    snapshot = workdir / "hub" / f"models--shapes--{case}" / "snapshots" / "main"
+    return Path(make_shaped_checkpoint(snapshot, case, layers)), True
 
 
 def weightless_copy(checkpoint: Path, root: Path) -> Path:
     """What a cache-only deploy has of ``checkpoint``: its files but the weights, at the same
     hub-snapshot path under ``root`` (the same model id)."""
     copy = root.joinpath(*checkpoint.parts[-4:])
-    copy.mkdir(parents=True)
-    for source in checkpoint.iterdir():
-        if source.is_file() and not source.name.endswith((".safetensors", ".safetensors.index.json")):
-            shutil.copyfile(source, copy / source.name)
+    shutil.copytree(checkpoint, copy, ignore=shutil.ignore_patterns("*.safetensors*"))  # as the tests' deploys
     return copy
 
 

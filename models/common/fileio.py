@@ -194,18 +194,6 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def write_from(fd: int, source: int, count: int) -> None:
-    """The first ``count`` bytes of the file ``source`` written at ``fd``'s position, copied by the
-    kernel (``sendfile``): one call without the GIL however large ``count`` is, and written in
-    small pieces (see :data:`WRITE_BYTES`)."""
-    offset = 0
-    while offset < count:
-        sent = os.sendfile(fd, source, offset, count - offset)
-        if sent == 0:
-            raise OSError(errno.EIO, f"sendfile wrote nothing at {offset:,} of {count:,} bytes")
-        offset += sent
-
-
 def publish(temp: Path, dest: Path, *, durable: bool = True) -> None:
     """Atomically move a fully written ``temp`` onto ``dest``."""
     os.replace(temp, dest)

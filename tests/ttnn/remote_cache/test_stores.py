@@ -179,10 +179,11 @@ def test_a_large_object_comes_as_one_stream_and_resumes_from_its_prefix(backend,
             assert os.listdir(staging) == []
 
 
-def test_an_http_body_cut_short_of_its_length_is_a_broken_download_not_a_short_object():
+@pytest.mark.parametrize("backend", ["http", "s3"])
+def test_a_body_cut_short_of_its_length_is_a_broken_download_not_a_short_object(backend, monkeypatch, tmp_path):
     """A server that announces a length and closes the connection before it: http.client ends the body
     quietly, which must not read as a short (corrupt) object, but as a store that stopped answering
-    (retried, the verified prefix kept)."""
+    (retried, the verified prefix kept). Over S3 the body is received through :func:`read_through`."""
     import socket
     import threading
 
@@ -199,8 +200,16 @@ def test_an_http_body_cut_short_of_its_length_is_a_broken_download_not_a_short_o
     thread = threading.Thread(target=answer_half, daemon=True)
     thread.start()
     try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         with pytest.raises(StoreUnreachable, match="broke off after 2,048 of the 4,096 bytes"):
-            b"".join(HttpStore(f"http://127.0.0.1:{listener.getsockname()[1]}").read("objects/x"))
+            if backend == "http":
+                b"".join(HttpStore(url).read("objects/x"))
+            else:
+                for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                                    "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                                    "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
+                    monkeypatch.setenv(name, value)
+                list(read_through(S3Store("bucket", endpoint_url=url), "objects/x", 0, memoryview(bytearray(MiB))))
     finally:
         thread.join(10)
         listener.close()
