@@ -102,6 +102,9 @@ def start_seaweed(data_dir: Path, timeout: float = 90.0, ports: tuple[int, ...] 
 
 
 def _bucket_answers(server: SeaweedServer) -> bool:
+    """The bucket answers, and every object it already holds can be read: a server started again
+    on its data answers the bucket before its volumes are registered, and a GET of an object
+    stored earlier is a 500 until they are."""
     import boto3
     from botocore.config import Config
 
@@ -110,6 +113,10 @@ def _bucket_answers(server: SeaweedServer) -> bool:
         aws_secret_access_key=SECRET_KEY, config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5))
     try:
         client.head_bucket(Bucket=server.bucket)
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket):
+            for entry in page.get("Contents", ()):
+                if entry["Size"]:
+                    client.get_object(Bucket=server.bucket, Key=entry["Key"], Range="bytes=0-0")["Body"].read()
         return True
     except Exception:  # noqa: BLE001 - not up yet, whatever the reason
         return False
