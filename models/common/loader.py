@@ -59,6 +59,7 @@ from models.common.convert_workers import convert_workers
 from models.common.mesh import MeshShape, parse_mesh_shape
 from models.common.model_args import ModelArgs
 from models.common.precision import PrecisionPolicy
+from models.common.file_snapshot import has_kept_copy, keeping_snapshots
 from models.common.prefetch import Prefetcher, prefetch_threads
 from models.common.weight_cache.gate import DEFAULT_FORCE_ENV, CacheStatus, is_forced
 from models.common.weight_cache.marker import WeightCacheError
@@ -243,16 +244,17 @@ class WeightLoader(ABC):
     def load(self) -> LoadedModel:
         """Build the model: warm from the cache when the gate says so, else cold (and cache it)."""
         start = time.perf_counter()
-        if not self.has_checkpoint_weights and not self.forced:
-            self._pull_cache_only()
-        args = self.make_args(self.model_config(), self.num_layers)
-        self.policy.check_decoders(args.full_n_layers)
-        if self.forced:
-            why = "force=True" if self.force else f"{self.force_env}={envs.raw(self.force_env or '')}"
-            return self._load_cold(args, f"cold build forced by {why}", start)
-        loaded, reason = self._try_warm(args, start)
-        if loaded is None and self.pull_from_remote(args):
+        with keeping_snapshots():  # a pull here hands the warm read after it its copies (no second fill)
+            if not self.has_checkpoint_weights and not self.forced:
+                self._pull_cache_only()
+            args = self.make_args(self.model_config(), self.num_layers)
+            self.policy.check_decoders(args.full_n_layers)
+            if self.forced:
+                why = "force=True" if self.force else f"{self.force_env}={envs.raw(self.force_env or '')}"
+                return self._load_cold(args, f"cold build forced by {why}", start)
             loaded, reason = self._try_warm(args, start)
+            if loaded is None and self.pull_from_remote(args):
+                loaded, reason = self._try_warm(args, start)
         if loaded is not None:
             return loaded
         return self._load_cold(args, reason, start)
@@ -332,7 +334,7 @@ class WeightLoader(ABC):
         prefetcher = None
         if self.prefetch and prefetch:  # the files the gate verified, in the order the build wrote them (the loader's)
             prefetcher = Prefetcher(self.prefetch)
-            prefetcher.add(read.files())
+            prefetcher.add([path for path in read.files() if not has_kept_copy(path)])  # a pull's copies need no disk
         try:
             state = read.state_dict(args)
             sink = WeightSink(read.tensor_cache(self.mesh_shape, self.mesh_device), state, state.host_keys())

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 import blake3
 
+from models.common.file_snapshot import MirroredWrite, reserve_kept
 from models.common.fileio import HASH_READ_BYTES, fsync_dir, write_all
 from models.common.weight_cache.remote.store_layout import object_key
 from models.common.weight_cache.remote.stores import Store, StoreIntegrityError, read_through
@@ -93,12 +94,24 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
     3. The rest streamed into the part file, hashed as written, never beyond ``size``.
     4. Size and digest checked; a mismatch removes the part file and raises. Then fsync, and the
        part file is renamed to the digest: only a verified object ever has that name.
-    """
+
+    Inside :func:`~models.common.file_snapshot.keeping_snapshots` (a load that pulls, then reads
+    warm) the object's bytes also go into a memfd kept for that read, within its memory budget
+    (:class:`~models.common.file_snapshot.MirroredWrite`)."""
     staging.mkdir(parents=True, exist_ok=True)
     final = staged_path(staging, digest)
+    keep = reserve_kept(size)
     if final.is_file() and final.stat().st_size == size:
-        if _digest_of(final) == digest:
-            return final, 0
+        fd = os.open(final, os.O_RDONLY)
+        try:
+            with _mirror(fd, size, final, keep) as mirror:
+                hasher = blake3.blake3(max_threads=1)
+                if _hash_prefix(fd, hasher, size, mirror) == size and hasher.hexdigest() == digest:
+                    if mirror is not None:
+                        mirror.keep()
+                    return final, 0
+        finally:
+            os.close(fd)
     with contextlib.suppress(FileNotFoundError):
         final.unlink()  # not the object (damaged since it was staged): fetch it again
 
@@ -106,22 +119,30 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
     hasher = blake3.blake3(max_threads=1)
     fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        have = _hash_prefix(fd, hasher, size)
-        os.ftruncate(fd, have)  # a torn tail beyond what was hashed is dropped
-        os.lseek(fd, have, os.SEEK_SET)
-        fetched = 0
-        buffer = memoryview(bytearray(PIECE_BYTES))
-        for chunk in read_through(store, object_key(digest), have, buffer) if have < size else ():
-            if have + fetched + len(chunk) > size:
-                raise _mismatch(part, store, digest, f"is longer than the manifest's {size:,} bytes")
-            hasher.update(chunk)
-            write_all(fd, chunk)
-            fetched += len(chunk)
-        if have + fetched != size:
-            raise _mismatch(part, store, digest, f"is {have + fetched:,} bytes, the manifest says {size:,}")
-        if hasher.hexdigest() != digest:
-            raise _mismatch(part, store, digest, "does not hash to its name")
-        os.fsync(fd)
+        with _mirror(fd, size, part, keep) as mirror:
+            have = _hash_prefix(fd, hasher, size, mirror)
+            os.ftruncate(fd, have)  # a torn tail beyond what was hashed is dropped
+            os.lseek(fd, have, os.SEEK_SET)
+            fetched = 0
+            buffer = memoryview(bytearray(PIECE_BYTES))
+            for chunk in read_through(store, object_key(digest), have, buffer) if have < size else ():
+                if have + fetched + len(chunk) > size:
+                    raise _mismatch(part, store, digest, f"is longer than the manifest's {size:,} bytes")
+                hasher.update(chunk)
+                if mirror is None:
+                    write_all(fd, chunk)
+                else:
+                    mirror.write(chunk)
+                fetched += len(chunk)
+            if have + fetched != size:
+                raise _mismatch(part, store, digest, f"is {have + fetched:,} bytes, the manifest says {size:,}")
+            if hasher.hexdigest() != digest:
+                raise _mismatch(part, store, digest, "does not hash to its name")
+            if mirror is not None:
+                mirror.finish()
+            os.fsync(fd)
+            if mirror is not None:
+                mirror.keep()
     finally:
         os.close(fd)
     os.replace(part, final)
@@ -129,21 +150,21 @@ def fetch_object(store: Store, digest: str, size: int, staging: Path) -> tuple[P
     return final, fetched
 
 
-def _hash_prefix(fd: int, hasher: blake3.blake3, size: int) -> int:
-    """Feed what a part file already holds (at most ``size`` bytes) to ``hasher``; its length."""
+def _mirror(fd: int, size: int, path: Path, keep: bool) -> contextlib.AbstractContextManager[MirroredWrite | None]:
+    return MirroredWrite(fd, size, str(path)) if keep else contextlib.nullcontext()
+
+
+def _hash_prefix(fd: int, hasher: blake3.blake3, size: int, mirror: MirroredWrite | None = None) -> int:
+    """Feed what a file already holds (at most ``size`` bytes) to ``hasher`` (and ``mirror``); its length."""
+    if mirror is not None:
+        have = min(os.fstat(fd).st_size, size)
+        mirror.take_prefix(have, hasher.update)
+        return have
     have = 0
     while have < size and (chunk := os.pread(fd, min(HASH_READ_BYTES, size - have), have)):
         hasher.update(chunk)
         have += len(chunk)
     return have
-
-
-def _digest_of(path: Path) -> str:
-    hasher = blake3.blake3(max_threads=1)
-    with open(path, "rb", buffering=0) as stream:
-        while chunk := stream.read(HASH_READ_BYTES):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def _mismatch(part: Path, store: Store, digest: str, problem: str) -> DigestMismatch:
