@@ -5,6 +5,8 @@ or one that cannot be reached, leaves it to build cold as before."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from models.common.weight_cache.remote.push import push_cache_dir
@@ -29,6 +31,10 @@ def test_a_cold_load_pulls_its_variant_and_starts_warm(built_variant, s3_url, tm
     assert tensors.keys() == built_variant.tensors.keys()
     for name, shards in tensors.items():
         assert all(torch.equal(a, b) for a, b in zip(shards, built_variant.tensors[name], strict=True)), name
+    # the warm read mapped the copies the pull kept (named after the objects it received), none of its own
+    mapped = {line.split(None, 5)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+              if "memfd:snapshot:" in line and str(tmp_path.name) in line}
+    assert mapped and all(".pulled-objects/" in name for name in mapped), mapped
 
 
 def test_without_the_variant_or_the_store_the_load_builds_cold(built_variant, s3_url, tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SIGKILL of ``tt-cache push`` and ``tt-cache pull`` at random points of their transfer leaves no
-false-warm: the store never holds a manifest naming an object it lacks, nor an object that is not
-its name's bytes; a local cache dir never holds a marker its files do not match; and the command
-run again completes (a pull without fetching again what it had verified)."""
+"""SIGKILL of ``tt-cache push`` and ``tt-cache pull`` (and of a load's pull, which keeps copies of
+what it receives) at random points of their transfer leaves no false-warm: the store never holds a
+manifest naming an object it lacks, nor an object that is not its name's bytes; a local cache dir
+never holds a marker its files do not match; and the command run again completes (a pull without
+fetching again what it had verified)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,27 @@ from models.testing.tt_cache import REPO_ROOT, cli_env
 SHORT_KILLS, LONG_KILLS = 2, 20
 
 
+# A load's pull (``store_url variant_key cache_root``): its objects also written into the memory it
+# keeps for the warm read after it (a first line like the CLI's progress, then the pull)
+KEEPING_PULL = """
+import sys
+from models.common.file_snapshot import keeping_snapshots
+from models.common.weight_cache.remote.pull import pull_variant, trusted_manifest
+from models.common.weight_cache.remote.urls import open_store
+store = open_store(sys.argv[1])
+key, manifest = trusted_manifest(store, sys.argv[2])
+print("pulling its objects, kept", file=sys.stderr, flush=True)
+with keeping_snapshots():
+    pull_variant(store, manifest, sys.argv[3], manifest_key=key, threads=1)
+"""
+
+
 def _kill_during_transfer(argv: list[str], env: dict[str, str], delay: float) -> int:
-    """Run ``tt-cache argv`` and SIGKILL it ``delay`` s after its first progress line; its exit status."""
-    process = subprocess.Popen([sys.executable, "-m", "models.tt_cache.cli", *argv, "--threads", "1",
-                                "--progress-every", "0"], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+    """Run ``tt-cache argv`` (or ``KEEPING_PULL`` with ``argv[1:]`` when ``argv[0]`` is "keeping")
+    and SIGKILL it ``delay`` s after its first progress line; its exit status."""
+    command = ([sys.executable, "-c", KEEPING_PULL, *argv[1:]] if argv[0] == "keeping" else
+               [sys.executable, "-m", "models.tt_cache.cli", *argv, "--threads", "1", "--progress-every", "0"])
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, start_new_session=True)
     try:
         for line in process.stderr:  # the first line is the transfer's first progress report
@@ -107,8 +125,10 @@ def _pull_kills(kills: int, built_variant, seaweed, s3_url, root: Path) -> int:
     cache_dir = root / manifest.location
     env = seaweed.client_env(cli_env(root))
     staged, mid_transfer = cache_dir / ".pulled-objects", 0
-    for _ in range(kills):
-        code = _kill_during_transfer(["pull", "--from", s3_url, pushed.variant_key], env, rng.uniform(0, span))
+    for number in range(kills):  # the CLI's pull and a load's, which keeps its copies, in turn
+        argv = (["pull", "--from", s3_url, pushed.variant_key] if number % 2 == 0 else
+                ["keeping", s3_url, pushed.variant_key, str(root)])
+        code = _kill_during_transfer(argv, env, rng.uniform(0, span))
         mid_transfer += staged.exists() and any(staged.iterdir())
         if _cache_dir_holds_no_lie(cache_dir):
             assert code in (0, -signal.SIGKILL)
