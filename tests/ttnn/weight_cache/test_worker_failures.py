@@ -106,7 +106,9 @@ def test_an_interrupt_stops_both_workers_within_a_chunk_of_the_large_weight(larg
     assert stopped["at"] is not None and child.returncode == 130, err[-3000:]
     seconds = stopped["at"] - sent
     print(f"stopped {seconds:.3f} s after SIGINT; one chunk converts in {chunk:.3f} s")
-    assert seconds < 3 * chunk, f"stopped {seconds:.2f} s after SIGINT, {seconds / chunk:.1f} chunks' time"
+    # the head's remaining chunks, converted by its poster alone, would take about 7 chunks' time; the
+    # bound leaves room for the 2 cores' other work (3.3 chunks' time seen once, the chunk timed early)
+    assert seconds < 5 * chunk, f"stopped {seconds:.2f} s after SIGINT, {seconds / chunk:.1f} chunks' time"
     assert stopped["lock_free"]
     [variant] = root.rglob("mesh_1x1")
     assert sorted(p.name for p in variant.iterdir()) == [".build.lock"], "no generation, no temp file"
