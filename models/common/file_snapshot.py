@@ -317,9 +317,9 @@ def _open_direct(fd: int) -> int | None:
 
 @contextlib.contextmanager
 def keeping_snapshots() -> Iterator[None]:
-    """Within the block, :meth:`MirroredWrite.keep` keeps copies (up to half of the memory
-    available when the first is kept: :func:`reserve_kept`); at its end, the ones not served
-    are dropped (served ones live on as their readers' mappings). Nests."""
+    """Within the block, :meth:`MirroredWrite.keep` keeps copies (up to half of the memory this
+    process may still fill when the first is kept, its cgroup's limit included: :func:`reserve_kept`);
+    at its end, the ones not served are dropped (served ones live on as their readers' mappings). Nests."""
     _kept.enter()
     try:
         yield
@@ -410,14 +410,51 @@ class _KeptSnapshots:
 
 
 def _available_memory() -> int:
-    """MemAvailable in bytes (0 where it cannot be read: nothing is kept)."""
+    """The memory this process may still fill: ``MemAvailable``, or less where its memory cgroup or
+    one above it allows less (a container's limit, which ``/proc/meminfo`` does not show: a copy
+    kept beyond it would have the container killed). 0 where ``/proc/meminfo`` cannot be read."""
     try:
-        for line in open("/proc/meminfo"):  # noqa: SIM115 - a few lines
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        with open("/proc/meminfo") as meminfo:
+            available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0
+    for limit, usage in _cgroup_memory():
+        available = min(available, max(0, limit - usage))
+    return available
+
+
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _cgroup_memory() -> Iterator[tuple[int, int]]:
+    """(limit, usage) in bytes of each memory cgroup this process is in, and of each above it that
+    has a limit: cgroup v2 (``memory.max``, ``memory.current``) and v1 (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``)."""
+    try:
+        with open("/proc/self/cgroup") as cgroups:
+            lines = [line.rstrip("\n").split(":", 2) for line in cgroups]
+    except OSError:
+        return
+    for fields in lines:
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            base, limit_name, usage_name = _CGROUP_ROOT, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_name, usage_name = f"{_CGROUP_ROOT}/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        parts = [part for part in path.split("/") if part]
+        for depth in range(len(parts), -1, -1):
+            group = os.path.join(base, *parts[:depth])
+            try:
+                with open(os.path.join(group, limit_name)) as limit, open(os.path.join(group, usage_name)) as usage:
+                    text = limit.read().strip()
+                    if text != "max":
+                        yield int(text), int(usage.read())
+            except (OSError, ValueError):
+                continue
 
 
 _kept = _KeptSnapshots()

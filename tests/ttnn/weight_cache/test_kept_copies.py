@@ -8,7 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import blake3
@@ -148,3 +151,57 @@ def test_a_mirror_that_is_not_kept_leaves_no_copy(tmp_path):
             mirror.keep()  # 5 of 10 bytes: refused
         finally:
             os.close(mirror.fd)
+
+
+# In a memory cgroup of its own: how much a load there may keep (half of what it may still fill)
+BUDGET_CHILD = """
+import os, sys
+from models.common.file_snapshot import keeping_snapshots, reserve_kept
+with open(sys.argv[1], "w") as procs:
+    procs.write(str(os.getpid()))
+with keeping_snapshots():
+    print(reserve_kept(int(sys.argv[2])), reserve_kept(int(sys.argv[3])), flush=True)
+"""
+
+
+def _memory_cgroup(limit: int) -> Path | None:
+    """A new memory cgroup (v1 here, v2 where the memory controller is there) under this process's,
+    limited to ``limit`` bytes; None where one cannot be made (not root, no memory controller)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base, limit_name = Path("/sys/fs/cgroup"), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, limit_name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        group = base / path.lstrip("/") / f"kept-copies-test-{os.getpid()}"
+        try:
+            group.mkdir()
+            (group / limit_name).write_text(str(limit))
+            return group
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+    return None
+
+
+def test_a_load_in_a_container_keeps_no_more_than_its_memory_limit_allows(tmp_path):
+    """/proc/meminfo shows the host's memory; a pod's limit is its cgroup's. A copy kept beyond it
+    would have the pod killed, so the budget is half of what the cgroup still allows."""
+    group = _memory_cgroup(512 * MiB)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here (needs root and the memory controller)")
+    try:
+        procs = group / "cgroup.procs"
+        out = subprocess.run([sys.executable, "-c", BUDGET_CHILD, str(procs), str(400 * MiB), str(64 * MiB)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        for _ in range(50):  # the child's exit leaves the group empty a moment later
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout  # 400 MiB > half of 512 MiB; 64 MiB fits
