@@ -336,6 +336,8 @@ def reserve_kept(nbytes: int) -> bool:
 def has_kept_copy(path: str | os.PathLike) -> bool:
     """Whether a copy of the file at ``path`` is kept (a hint, for a read-ahead that can skip it:
     serving one is :func:`sealed_snapshot`'s decision, on the file it opened)."""
+    if not _kept.any():  # every load asks for each of its files: no stat when nothing is kept
+        return False
     try:
         info = os.stat(path)
     except OSError:
@@ -389,6 +391,9 @@ class _KeptSnapshots:
         if dropped is not None:
             os.close(dropped[0])
             dropped[2].close()
+
+    def any(self) -> bool:
+        return bool(self._copies)
 
     def holds(self, info: os.stat_result) -> bool:
         with self._lock:
